@@ -1,0 +1,166 @@
+"""Continuous-batching scheduler with chunked prefill and recompute preemption.
+
+It follows the policy written in spec.scheduling step for step; read that docstring first.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from reference.block_allocator import BlockAllocator
+from spec.engine_config import EngineConfig
+from spec.invariants import RequestState, SchedulerSnapshot
+from spec.request import FinishReason, Request, RequestStatus
+from spec.scheduling import ScheduledChunk, StepPlan
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, eos_token_ids: Sequence[int] = ()) -> None:
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.allocator = BlockAllocator(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._scheduled: dict[str, int] = {}  # request id -> tokens scheduled in the current step
+        self._admission: dict[str, tuple[int, int]] = {}  # request id -> (cached tokens, tokens) at admission
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        self._scheduled = {}
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_tokens = min(request.num_uncomputed_tokens, budget)
+            if not self._grow_or_preempt(request, request.num_computed_tokens + num_tokens, preempted):
+                break
+            chunks.append(self._chunk(request, num_tokens))
+            budget -= num_tokens
+            index += 1
+
+        admitted: list[str] = []
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                request = self.waiting[0]
+                num_tokens = self._try_admit(request, budget)
+                if num_tokens is None:
+                    break
+                self.waiting.popleft()
+                self.running.append(request)
+                admitted.append(request.request_id)
+                chunks.append(self._chunk(request, num_tokens))
+                budget -= num_tokens
+        return StepPlan(chunks=tuple(chunks), preempted=tuple(preempted), admitted=tuple(admitted))
+
+    def _grow_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
+        """Cover `num_tokens` of `request`, preempting the newest running requests if needed.
+        False when `request` itself had to be preempted."""
+        while not self.allocator.allocate_slots(request.request_id, num_tokens):
+            victim = self.running.pop()
+            self.allocator.free(victim.request_id)
+            victim.preempt()
+            self._admission.pop(victim.request_id, None)
+            self.waiting.appendleft(victim)
+            preempted.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _try_admit(self, request: Request, budget: int) -> int | None:
+        """Admit the head of the waiting queue if the pool allows; the number of tokens scheduled."""
+        token_ids = request.all_token_ids
+        hit_blocks = self.allocator.cached_prefix(token_ids)
+        num_cached = len(hit_blocks) * self.config.block_size
+        num_tokens = min(len(token_ids) - num_cached, budget)
+        if not self.allocator.can_admit(num_cached + num_tokens, hit_blocks):
+            return None
+        self.allocator.admit(request.request_id, hit_blocks)
+        if not self.allocator.allocate_slots(request.request_id, num_cached + num_tokens):
+            raise RuntimeError("allocator refused blocks that can_admit promised")
+        request.admit(num_cached)
+        self._admission[request.request_id] = (num_cached, len(token_ids))
+        return num_tokens
+
+    def _chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
+        self._scheduled[request.request_id] = num_tokens
+        start = request.num_computed_tokens
+        return ScheduledChunk(
+            request_id=request.request_id,
+            start=start,
+            num_tokens=num_tokens,
+            samples=start + num_tokens == request.num_tokens,
+        )
+
+    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
+        """Apply a step's results: computed counts, prefix-cache registration, new tokens, finishes.
+        `sampled` maps each sampling chunk's request id to its new token. Returns finished requests."""
+        by_id = {request.request_id: request for request in self.running}
+        finished: list[Request] = []
+        for chunk in plan.chunks:
+            request = by_id[chunk.request_id]
+            old_computed = request.num_computed_tokens
+            request.num_computed_tokens += chunk.num_tokens
+            self.allocator.commit_tokens(request.request_id, request.all_token_ids, old_computed, request.num_computed_tokens)
+            if chunk.samples:
+                request.output_token_ids.append(sampled[request.request_id])
+                reason = self._finish_reason(request)
+                if reason is not None:
+                    self._finish(request, reason)
+                    finished.append(request)
+        self._scheduled = {}
+        return finished
+
+    def _finish_reason(self, request: Request) -> FinishReason | None:
+        token = request.output_token_ids[-1]
+        params = request.params
+        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
+            return FinishReason.STOP
+        if len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= self.config.model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+            self.allocator.free(request.request_id)
+        else:
+            self.waiting.remove(request)
+        self._admission.pop(request.request_id, None)
+        request.finish(reason)
+
+    def abort(self, request: Request) -> None:
+        self._finish(request, FinishReason.ABORT)
+
+    # -- inspection --------------------------------------------------------------------------
+
+    def snapshot(self) -> SchedulerSnapshot:
+        requests = {}
+        for request in [*self.waiting, *self.running]:
+            cached, tokens = self._admission.get(request.request_id, (0, request.num_tokens))
+            requests[request.request_id] = RequestState(
+                request_id=request.request_id,
+                token_ids=tuple(request.all_token_ids),
+                num_computed_tokens=request.num_computed_tokens,
+                num_scheduled_tokens=self._scheduled.get(request.request_id, 0),
+                cached_tokens_at_admission=cached,
+                tokens_at_admission=tokens,
+            )
+        return SchedulerSnapshot(
+            config=self.config,
+            waiting=tuple(r.request_id for r in self.waiting),
+            running=tuple(r.request_id for r in self.running),
+            requests=requests,
+            allocator=self.allocator.snapshot(),
+        )

@@ -1,0 +1,1 @@
+"""twinfer's harness: differential comparisons, benchmarks, reports, and the `twinfer` command."""

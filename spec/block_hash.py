@@ -1,0 +1,34 @@
+"""Chained content hash of full KV blocks, shared by both engines' prefix caches.
+
+Block i's hash covers its own token ids and, through the previous block's hash, every token
+before it: two blocks hash alike only if the whole prefix up to and including them matches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+NO_PARENT = 0  # the "previous hash" of a sequence's first block
+
+
+def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
+    """xxh64 over the parent hash (8 bytes, little endian) then the token ids as int64."""
+    digest = xxhash.xxh64()
+    digest.update(parent_hash.to_bytes(8, "little", signed=False))
+    digest.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return digest.intdigest()
+
+
+def hash_full_blocks(token_ids: Sequence[int], block_size: int, num_blocks: int | None = None) -> list[int]:
+    """Chained hashes of the first `num_blocks` full blocks of `token_ids` (default: all full ones)."""
+    full = len(token_ids) // block_size
+    count = full if num_blocks is None else min(num_blocks, full)
+    hashes: list[int] = []
+    parent = NO_PARENT
+    for index in range(count):
+        parent = hash_block(parent, token_ids[index * block_size : (index + 1) * block_size])
+        hashes.append(parent)
+    return hashes

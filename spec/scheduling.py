@@ -1,0 +1,70 @@
+"""The scheduling policy both engines implement, and the plan a scheduler hands its model runner.
+
+Policy, one step (two implementations that follow it make identical decisions):
+
+1. budget = max_num_batched_tokens.
+2. Running requests, in the order they were admitted (oldest first), while budget > 0:
+   each is given n = min(its uncomputed tokens, budget) tokens -- one for a decoding request,
+   the next prefill chunk for one still prefilling (or recomputing after preemption).
+   Its block table is grown to cover computed + n tokens. When the pool has too few free
+   blocks (free blocks include cached blocks with no holder, evicted least recently freed
+   first), the most recently admitted running request is preempted: its blocks are freed
+   (its full, hashed blocks stay in the prefix cache), its computed count is reset, and it is
+   put at the front of the waiting queue. This repeats until the growth succeeds or the
+   request itself was the one preempted (then the running pass ends).
+   budget -= n for each request given tokens.
+3. Only if nothing was preempted in this step: admission of waiting requests, first come first
+   served, while budget > 0 and fewer than max_num_seqs requests run. For the request at the
+   head of the queue: its prefix-cache hit is the longest run of leading full blocks of its
+   tokens (prompt plus any output, after preemption) found in the cache, limited to
+   (num_tokens - 1) // block_size blocks so at least one token is computed.
+   n = min(num_tokens - cached_tokens, budget) (the last admitted prompt is chunked to fit).
+   If the pool cannot supply the blocks for cached_tokens + n tokens beyond the hit blocks,
+   admission stops (the head of the queue is never skipped). Otherwise it is admitted,
+   moved to the back of the running list, and budget -= n.
+4. The plan lists the scheduled chunks: running requests in running order, then admitted
+   ones in admission order. A chunk samples a token when it reaches the end of the
+   request's tokens.
+
+After the model runs, each scheduled request's computed count grows by its chunk; newly full
+blocks are hashed (chained) and registered in the prefix cache unless an equal block already
+is. A sampled token is appended; the request finishes with STOP on a stop token (an
+end-of-sequence id unless ignore_eos, or one of stop_token_ids), or LENGTH when it has
+max_tokens output tokens or reaches max_model_len tokens. Finished requests free their
+blocks (hashed ones stay cached, freed from the last block to the first so that a prefix's
+head outlives its tail).
+
+A request is rejected when added (InvalidRequestError, nothing else changes) when its prompt is
+empty, holds ids outside the vocabulary, is not shorter than max_model_len, or when the tokens
+it would ever hold in the cache, min(prompt + max_tokens, max_model_len) - 1, need more blocks
+than the whole pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """`num_tokens` tokens of request `request_id`, starting at token index `start`."""
+
+    request_id: str
+    start: int
+    num_tokens: int
+    samples: bool  # the chunk reaches the request's last token: a new token is sampled
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    chunks: tuple[ScheduledChunk, ...]
+    preempted: tuple[str, ...]  # in the order they were preempted
+    admitted: tuple[str, ...]  # in the order they were admitted
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
