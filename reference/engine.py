@@ -233,10 +233,11 @@ class ReferenceEngine:
         """Run prompts (token-id lists) to completion; outputs in prompt order."""
         params_list = _broadcast_params(params, len(prompts))
         request_ids = [self.add_request(prompt, p) for prompt, p in zip(prompts, params_list)]
+        wanted = set(request_ids)
         finished: dict[str, RequestOutput] = {}
-        while len(finished) < len(request_ids) and self.has_unfinished:
+        while len(finished) < len(wanted) and self.has_unfinished:
             for output in self.step():
-                if output.finished:
+                if output.finished and output.request_id in wanted:
                     finished[output.request_id] = output
         return [finished[request_id] for request_id in request_ids]
 

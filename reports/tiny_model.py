@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +113,16 @@ def default_cache_dir() -> Path:
 def ensure_tiny_model(seed: int = 0, cache_dir: Path | None = None) -> Path:
     """The default tiny checkpoint for `seed`, created in the cache directory on first use."""
     directory = (cache_dir or default_cache_dir()) / f"tiny-qwen3-seed{seed}"
-    if not (directory / "config.json").is_file() or not (directory / "model.safetensors").is_file():
-        logger.info("creating the built-in tiny model in %s", directory)
-        write_tiny_model(directory, seed)
+    if directory.is_dir():
+        return directory
+    logger.info("creating the built-in tiny model in %s", directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # Write beside the target and rename, so a crash or a concurrent run never leaves half a checkpoint.
+    with tempfile.TemporaryDirectory(dir=directory.parent) as scratch:
+        written = write_tiny_model(Path(scratch) / "checkpoint", seed)
+        try:
+            written.rename(directory)
+        except OSError:
+            if not directory.is_dir():  # another process finishing first is fine
+                raise
     return directory

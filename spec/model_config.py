@@ -84,10 +84,7 @@ class ModelConfig:
     bos_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ConfigError(
-                f"unsupported architecture {self.architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+        check_architecture(self.architecture)
         for name in (
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
@@ -162,7 +159,13 @@ def _architecture(raw: dict[str, Any]) -> str:
     architectures = raw.get("architectures")
     if not architectures or not isinstance(architectures, list):
         raise ConfigError("config.json has no 'architectures' list naming the model class")
-    return str(architectures[0])
+    return check_architecture(str(architectures[0]))
+
+
+def check_architecture(architecture: str) -> str:
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise ConfigError(f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return architecture
 
 
 def _required(raw: dict[str, Any], name: str) -> Any:

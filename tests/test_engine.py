@@ -1,0 +1,110 @@
+"""Engine behaviour: finishing rules, the step API, logprobs, and the LLM entry point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reference.llm import LLM
+from spec.engine_config import EngineConfig
+from spec.errors import ConfigError, InvalidRequestError
+from spec.request import FinishReason, RequestStatus
+from spec.sampling_params import SamplingParams
+
+PROMPT = [17, 4, 250, 31, 8, 99]
+
+
+def greedy_tokens(make_engine, count: int = 20) -> tuple[int, ...]:
+    params = SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True)
+    return make_engine().generate([PROMPT], params)[0].token_ids
+
+
+def test_stop_token_ends_the_request_and_is_kept(make_engine) -> None:
+    reference = greedy_tokens(make_engine)
+    stop = reference[5]
+    first = reference.index(stop)
+    output = make_engine().generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=(stop,)))[0]
+    assert output.finish_reason is FinishReason.STOP
+    assert output.token_ids == reference[: first + 1]
+
+
+def test_eos_ends_the_request_unless_ignored(make_engine, tiny_weights) -> None:
+    config, _ = tiny_weights
+    (eos,) = config.eos_token_ids
+    # Find a prompt whose greedy continuation produces EOS within 64 tokens.
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    engine = make_engine()
+    candidates = [[eos], [eos, eos], [1, eos], [eos, 5, eos]]
+    outputs = engine.generate(candidates, params)
+    with_eos = [(p, o) for p, o in zip(candidates, outputs) if eos in o.token_ids]
+    assert with_eos, "no candidate prompt generated EOS; pick other candidates"
+    prompt, ignoring = with_eos[0]
+    stopping = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=64))[0]
+    assert stopping.finish_reason is FinishReason.STOP
+    assert stopping.token_ids == ignoring.token_ids[: ignoring.token_ids.index(eos) + 1]
+    assert ignoring.finish_reason is FinishReason.LENGTH and len(ignoring.token_ids) == 64
+
+
+def test_max_model_len_ends_the_request(make_engine) -> None:
+    engine = make_engine(max_model_len=10)
+    output = engine.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))[0]
+    assert output.finish_reason is FinishReason.LENGTH
+    assert len(output.token_ids) == 10 - len(PROMPT)
+    assert output.token_ids == greedy_tokens(make_engine)[:4]
+
+
+def test_step_api_streams_one_token_per_step(make_engine) -> None:
+    engine = make_engine()
+    request_id = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    lengths = []
+    while engine.has_unfinished:
+        (output,) = engine.step()
+        assert output.request_id == request_id
+        lengths.append(len(output.token_ids))
+    assert lengths == [1, 2, 3]
+    assert output.finished and engine.step() == []
+
+
+def test_logprobs_count_and_chosen_token(make_engine) -> None:
+    output = make_engine().generate([PROMPT], SamplingParams(temperature=0.7, max_tokens=8, logprobs=3, seed=1))[0]
+    assert output.logprobs is not None and len(output.logprobs) == len(output.token_ids)
+    for token_id, entry in zip(output.token_ids, output.logprobs):
+        assert entry.token_id == token_id and len(entry.top) == 3
+        top_values = [value for _, value in entry.top]
+        assert top_values == sorted(top_values, reverse=True)
+        assert entry.logprob <= top_values[0] + 1e-6
+        if token_id in dict(entry.top):
+            assert dict(entry.top)[token_id] == pytest.approx(entry.logprob)
+    assert make_engine().generate([PROMPT], SamplingParams(max_tokens=2))[0].logprobs is None
+
+
+def test_lifecycle_is_enforced() -> None:
+    from spec.request import LifecycleError, Request
+
+    request = Request("r", (1, 2), SamplingParams(), seed=0, arrival_index=0)
+    with pytest.raises(LifecycleError, match="cannot preempt request 'r': it is waiting"):
+        request.preempt()
+    request.admit(0)
+    assert request.status is RequestStatus.RUNNING
+    request.finish(FinishReason.LENGTH)
+    with pytest.raises(LifecycleError, match="finished twice"):
+        request.finish(FinishReason.ABORT)
+
+
+def test_llm_text_and_token_prompts(tiny_checkpoint: Path) -> None:
+    llm = LLM(tiny_checkpoint, engine="reference", dtype="float32", device="cpu", engine_config=EngineConfig(block_size=8, num_blocks=64))
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    text_output, ids_output = llm.generate(["Hello world!", llm.encode("Hello world!")], params)
+    assert text_output.token_ids == ids_output.token_ids
+    assert text_output.text == llm.tokenizer.decode(list(text_output.token_ids))
+    (single,) = llm.generate(llm.encode("Hello world!"), params)
+    assert single.token_ids == ids_output.token_ids
+
+
+def test_llm_rejects_unknown_engine_and_empty_batch(tiny_checkpoint: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown engine 'turbo'"):
+        LLM(tiny_checkpoint, engine="turbo", device="cpu")
+    llm = LLM(tiny_checkpoint, dtype="float32", device="cpu")
+    with pytest.raises(InvalidRequestError, match="no prompts given"):
+        llm.generate([])

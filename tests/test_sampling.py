@@ -1,0 +1,136 @@
+"""Sampling semantics (spec.sampling): greedy ties, filters in order, Gumbel-max from a counter-based
+hash, and seeded requests that sample the same tokens whatever batch they run in."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from spec.sampling import SamplingRow, gumbel_noise, sample_tokens, top_logprobs
+from spec.sampling_params import SamplingParams
+
+
+def py_fmix32(h: int) -> int:
+    """MurmurHash3 fmix32 on Python ints: an independent implementation to check the torch one."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def py_gumbel(seed: int, position: int, token_id: int) -> float:
+    row_key = py_fmix32((seed & 0xFFFFFFFF) ^ py_fmix32(((seed >> 32) & 0xFFFFFFFF) ^ 0x9E3779B9))
+    row_key = py_fmix32(row_key ^ position)
+    uniform = ((py_fmix32(row_key ^ token_id) >> 8) + 0.5) / 2**24
+    return -math.log(-math.log(uniform))
+
+
+def rows(params: SamplingParams, count: int = 1, seed: int = 0, position: int = 0) -> list[SamplingRow]:
+    return [SamplingRow(params, seed, position)] * count
+
+
+def test_gumbel_noise_matches_the_spec_hash() -> None:
+    seeds = [0, 1, 12345, 2**40 + 7, 2**63 - 1]
+    positions = [0, 3, 99, 1000, 70000]
+    noise = gumbel_noise(torch.tensor(seeds), torch.tensor(positions), vocab_size=50)
+    for row, (seed, position) in enumerate(zip(seeds, positions)):
+        for token_id in (0, 1, 17, 49):
+            assert noise[row, token_id].item() == pytest.approx(py_gumbel(seed, position, token_id), abs=1e-5)
+
+
+def test_gumbel_noise_is_gumbel_distributed() -> None:
+    noise = gumbel_noise(torch.tensor([42]), torch.tensor([0]), vocab_size=200_000)[0]
+    assert noise.mean().item() == pytest.approx(0.5772, abs=0.01)  # Euler-Mascheroni constant
+    assert noise.std().item() == pytest.approx(math.pi / math.sqrt(6), abs=0.01)
+
+
+def test_greedy_breaks_ties_towards_the_lowest_id() -> None:
+    logits = torch.tensor([[0.0, 1.0, 3.0, 2.0, 3.0, 3.0]])
+    assert sample_tokens(logits, rows(SamplingParams(temperature=0.0))).tolist() == [2]
+
+
+def draws(logits: torch.Tensor, params: SamplingParams, count: int) -> torch.Tensor:
+    """Tokens sampled at `count` output positions of one seeded request."""
+    batch = logits.expand(count, -1)
+    return sample_tokens(batch, [SamplingRow(params, seed=7, output_position=p) for p in range(count)])
+
+
+PROBS = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+LOGITS = PROBS.log()[None, :]
+
+
+def test_sampling_frequencies_follow_softmax() -> None:
+    counts = torch.bincount(draws(LOGITS, SamplingParams(temperature=1.0), 20_000), minlength=6).float()
+    assert torch.allclose(counts / counts.sum(), PROBS, atol=0.015)
+
+
+def test_temperature_sharpens() -> None:
+    counts = torch.bincount(draws(LOGITS, SamplingParams(temperature=0.5), 20_000), minlength=6).float()
+    sharpened = PROBS**2 / (PROBS**2).sum()
+    assert torch.allclose(counts / counts.sum(), sharpened, atol=0.015)
+
+
+def test_top_k_keeps_the_k_most_likely() -> None:
+    tokens = draws(LOGITS, SamplingParams(top_k=2), 2_000)
+    assert set(tokens.tolist()) == {0, 1}
+    assert set(draws(LOGITS, SamplingParams(top_k=1), 200).tolist()) == {0}
+
+
+def test_top_p_keeps_the_head_whose_mass_reaches_p() -> None:
+    # mass before token 1 is 0.4 < 0.5 (kept); before token 2 it is 0.65 (dropped)
+    assert set(draws(LOGITS, SamplingParams(top_p=0.5), 2_000).tolist()) == {0, 1}
+    assert set(draws(LOGITS, SamplingParams(top_p=0.35), 500).tolist()) == {0}
+    assert set(draws(LOGITS, SamplingParams(top_p=0.66), 3_000).tolist()) == {0, 1, 2}
+
+
+def test_min_p_keeps_tokens_relative_to_the_most_likely() -> None:
+    # 0.15 / 0.4 = 0.375 >= 0.3 kept; 0.1 / 0.4 = 0.25 < 0.3 dropped
+    assert set(draws(LOGITS, SamplingParams(min_p=0.3), 3_000).tolist()) == {0, 1, 2}
+
+
+def test_filters_apply_in_order_top_k_then_top_p() -> None:
+    # top_k=3 leaves probs 0.4/0.8, 0.25/0.8, 0.15/0.8 = 0.5, 0.3125, 0.1875; top_p=0.6 keeps two.
+    assert set(draws(LOGITS, SamplingParams(top_k=3, top_p=0.6), 2_000).tolist()) == {0, 1}
+
+
+def test_same_seed_same_tokens_different_seed_different_tokens() -> None:
+    logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=1.0)
+    first = sample_tokens(logits.expand(64, -1), [SamplingRow(params, 5, p) for p in range(64)])
+    again = sample_tokens(logits.expand(64, -1), [SamplingRow(params, 5, p) for p in range(64)])
+    other = sample_tokens(logits.expand(64, -1), [SamplingRow(params, 6, p) for p in range(64)])
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+def test_mixed_greedy_and_sampled_rows() -> None:
+    logits = torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 1.0]])
+    greedy, sampled = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_k=1)
+    assert sample_tokens(logits, [SamplingRow(greedy, 0, 0), SamplingRow(sampled, 0, 0)]).tolist() == [1, 2]
+
+
+def test_top_logprobs_are_log_softmax_of_raw_logits() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0, 0.5]])
+    chosen, ids, values = top_logprobs(logits, torch.tensor([0]), 2)
+    expected = torch.log_softmax(logits, -1)
+    assert chosen.item() == pytest.approx(expected[0, 0].item())
+    assert ids.tolist() == [[2, 1]]
+    assert values[0].tolist() == pytest.approx(expected[0, [2, 1]].tolist())
+
+
+def test_seeded_request_samples_the_same_alone_or_in_a_batch(make_engine) -> None:
+    params = SamplingParams(temperature=0.9, top_k=50, top_p=0.95, min_p=0.01, max_tokens=40, ignore_eos=True, seed=1234)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    alone = make_engine(block_size=4, num_blocks=256).generate([prompt], params)[0].token_ids
+    others = [[(7 * i + j) % 384 for j in range(3 + 2 * i)] for i in range(8)]
+    other_params = [SamplingParams(temperature=1.0, max_tokens=30 + i, seed=i) for i in range(8)]
+    batch = make_engine(block_size=4, num_blocks=256, max_num_batched_tokens=24).generate(
+        [*others[:4], prompt, *others[4:]], [*other_params[:4], params, *other_params[4:]]
+    )
+    assert batch[4].token_ids == alone
+    assert len(set(alone)) > 5, "sampling collapsed to a few tokens: the test would not notice a wrong seed"
+    unseeded = make_engine(block_size=4, num_blocks=256).generate([prompt] * 2, SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True))
+    assert unseeded[0].token_ids != unseeded[1].token_ids, "unseeded requests must draw their own seeds"
