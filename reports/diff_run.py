@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm import tqdm
 
-from reports.differential import DiffRecord, Trace, compare_traces, hf_greedy_trace, trace_from_output
+from reports.differential import DiffRecord, hf_greedy_trace, trace_from_output
+from spec.agreement import Trace, compare_traces
 from spec.checkpoint import parse_dtype, resolve_checkpoint
 from spec.errors import ConfigError
 from spec.sampling_params import SamplingParams

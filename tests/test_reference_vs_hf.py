@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from reference.engine import ReferenceEngine
-from reports.differential import Trace, compare_traces, hf_greedy_trace, trace_from_output
+from reports.differential import hf_greedy_trace, trace_from_output
+from spec.agreement import Trace, compare_traces
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
