@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from reports import kernel_bench
 from spec.engine_config import EngineConfig
 from spec.errors import TwinferError
 from spec.sampling_params import SamplingParams
@@ -72,19 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks (need a CUDA GPU)")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     kernels = bench_commands.add_parser("kernels", help="time each Triton kernel beside torch's implementation")
-    try:
-        from reports import kernel_bench
-    except ImportError:
-        kernels.set_defaults(handler=lambda _: _missing("the kernel benchmark module (reports/kernel_bench.py) is not installed"))
-    else:
-        kernel_bench.configure_parser(kernels)
-        kernels.set_defaults(handler=kernel_bench.run)
+    kernel_bench.configure_parser(kernels)
+    kernels.set_defaults(handler=kernel_bench.run)
     return parser
-
-
-def _missing(message: str) -> int:
-    print(f"twinfer: error: {message}", file=sys.stderr)
-    return 2
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:

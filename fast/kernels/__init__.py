@@ -1,0 +1,12 @@
+"""Triton kernels of the fast engine, one module per kernel (see NOTES.md for measurements).
+
+    kv_store            store_kv: scatter new K/V rows into the paged cache
+    prefill_attention   prefill_attention: paged causal attention, packed variable-length queries
+    decode_attention    decode_attention: paged split-KV (flash-decoding) attention, one query per sequence
+    add_rmsnorm         add_rmsnorm / rmsnorm: fused residual add + RMSNorm
+    qk_norm_rope        qk_norm_rope_: Qwen3 per-head q/k RMSNorm + rotate-half RoPE, in place
+    silu_and_mul        silu_and_mul: SwiGLU activation of a merged gate_up projection
+
+Modules are imported on demand (nothing here imports Triton), so TRITON_INTERPRET can still be
+set before the first kernel module is loaded.
+"""

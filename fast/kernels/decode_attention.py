@@ -1,0 +1,315 @@
+"""Paged decode attention (one new query per sequence), split along the KV length.
+
+Layout:
+    q                  [num_seqs, num_q_heads, head_dim]
+    k_cache, v_cache   [num_blocks, block_size, num_kv_heads, head_dim]   contiguous
+    block_tables       int32 [num_seqs, max_blocks_per_seq]; entries past a sequence's blocks
+                       are never read, so they may hold anything (e.g. -1)
+    seq_lens           int32 [num_seqs]: keys of each sequence, its new token included (>= 1)
+    out                [num_seqs, num_q_heads, head_dim] in q's dtype
+
+Flash-decoding in two launches:
+  1. `_decode_split_kernel`, grid (num_seqs, num_kv_heads, num_splits): each program takes
+     one KV head of one sequence over one split of `split_size` keys, and ALL the query
+     heads that share that KV head (the GQA group, e.g. 32 q / 8 kv -> 4 heads, padded to 16
+     rows so `tl.dot` runs on tensor cores). K and V of the split are read once. It writes
+     the split's normalised partial output and its log-sum-exp into fp32 workspaces.
+  2. `_decode_reduce_kernel`, grid (num_seqs, num_q_heads): rescales the splits' partial
+     outputs by exp(lse_split - lse_total) and sums them.
+
+The number of splits comes from `max_seq_len`, a host-known bound (e.g. the model's
+maximum context), never from seq_lens' values: no device sync, and the launch shapes stay
+fixed, so the wrapper can be captured in a CUDA graph. Splits that start past a sequence's
+length do no loads and write lse = -inf, which gives them zero weight in the reduction.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fast.kernels._checks import (
+    FLOAT_DTYPES,
+    check_contiguous,
+    check_head_dim,
+    check_last_dim_contiguous,
+    check_power_of_two,
+    check_positive_int,
+    check_same_device,
+    check_same_dtype,
+    check_shape,
+    check_tensor,
+)
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+_LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    q_seq_stride,
+    q_head_stride,
+    block_table_stride,
+    num_kv_heads,
+    group_size,
+    split_size,
+    num_splits,
+    scale_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    # Keys [split_start, split_end) of this sequence: split_size=512, seq_len=1300 ->
+    # split 0: 0..511, split 1: 512..1023, split 2: 1024..1299, split 3+: empty.
+    split_start = split * split_size
+    split_end = tl.minimum(split_start + split_size, seq_len)
+
+    # Query rows: the group's heads kv_head*group_size + g for g < group_size; rows
+    # g >= group_size are padding (zeros in, never stored). 4 heads per group -> rows 0..3
+    # are real, 4..15 padding.
+    group_rows = tl.arange(0, BLOCK_GROUP)
+    row_valid = group_rows < group_size
+    q_heads = kv_head * group_size + group_rows
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + seq.to(tl.int64) * q_seq_stride + q_heads[:, None] * q_head_stride + dims[None, :],
+        mask=row_valid[:, None],
+        other=0.0,
+    )
+
+    # Running softmax state in base 2 (exp2 is cheaper than exp): scores are pre-multiplied by
+    # scale * log2(e).
+    row_max = tl.full([BLOCK_GROUP], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_GROUP], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_GROUP, HEAD_DIM], dtype=tl.float32)
+
+    # A cache slot holds num_kv_heads * HEAD_DIM elements; this head's row starts kv_head * HEAD_DIM in.
+    slot_stride = num_kv_heads * HEAD_DIM
+    head_offset = kv_head * HEAD_DIM
+    block_table_row = block_tables_ptr + seq.to(tl.int64) * block_table_stride
+    tile_tokens = tl.arange(0, BLOCK_N)
+    for tile_start in range(split_start, split_end, BLOCK_N):
+        tokens = tile_start + tile_tokens
+        token_valid = tokens < split_end
+        # Page lookup per token: block_size=16, token 37 -> table entry 2, offset 5, so its
+        # slot is block_tables[seq, 2] * 16 + 5. Tokens past the end load no table entry.
+        block_ids = tl.load(block_table_row + tokens // BLOCK_SIZE, mask=token_valid, other=0)
+        slots = block_ids.to(tl.int64) * BLOCK_SIZE + tokens % BLOCK_SIZE
+        kv_offsets = slots[:, None] * slot_stride + head_offset + dims[None, :]
+        k = tl.load(k_cache_ptr + kv_offsets, mask=token_valid[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=token_valid[:, None], other=0.0)
+
+        # scores [BLOCK_GROUP, BLOCK_N] = q [BLOCK_GROUP, D] @ k^T [D, BLOCK_N]
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        scores = tl.where(token_valid[None, :], scores, float("-inf"))
+        # Every tile holds at least one valid token (tile_start < split_end), so the new max is finite.
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        correction = tl.exp2(row_max - new_max)
+        probs = tl.exp2(scores - new_max[:, None])
+        row_sum = row_sum * correction + tl.sum(probs, axis=1)
+        acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
+        row_max = new_max
+
+    # Empty split (split_start >= seq_len): row_sum = 0 -> lse = -inf and zero output.
+    has_keys = row_sum > 0
+    safe_sum = tl.where(has_keys, row_sum, 1.0)
+    lse = tl.where(has_keys, row_max + tl.log2(safe_sum), float("-inf"))
+    partial = acc / safe_sum[:, None]
+
+    # Workspace index: ((seq * num_q_heads + q_head) * num_splits + split).
+    num_q_heads = num_kv_heads * group_size
+    lse_index = (seq.to(tl.int64) * num_q_heads + q_heads) * num_splits + split
+    tl.store(partial_lse_ptr + lse_index, lse, mask=row_valid)
+    tl.store(partial_out_ptr + lse_index[:, None] * HEAD_DIM + dims[None, :], partial, mask=row_valid[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    partial_out_ptr,
+    partial_lse_ptr,
+    out_ptr,
+    out_seq_stride,
+    out_head_stride,
+    num_q_heads,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    q_head = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_SPLITS)
+    split_valid = splits < num_splits
+    base = (seq.to(tl.int64) * num_q_heads + q_head) * num_splits
+    lse = tl.load(partial_lse_ptr + base + splits, mask=split_valid, other=float("-inf"))
+    # Split 0 always holds at least one key (seq_len >= 1), so the max is finite.
+    total_max = tl.max(lse, axis=0)
+    weights = tl.exp2(lse - total_max)  # empty splits: exp2(-inf) = 0
+    weights = weights / tl.sum(weights, axis=0)
+    dims = tl.arange(0, HEAD_DIM)
+    partial = tl.load(
+        partial_out_ptr + (base + splits)[:, None] * HEAD_DIM + dims[None, :], mask=split_valid[:, None], other=0.0
+    )
+    combined = tl.sum(partial * weights[:, None], axis=0)
+    out_offsets = seq.to(tl.int64) * out_seq_stride + q_head * out_head_stride + dims
+    tl.store(out_ptr + out_offsets, combined.to(out_ptr.dtype.element_ty))
+
+
+def _default_tiles(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages); tuned on an H200 (see NOTES.md).
+
+    Each pipeline stage holds a K and a V tile: 2 * BLOCK_N * head_dim * element bytes
+    (bf16, 64 x 128 -> 32 KiB); fp32 or head_dim 256 halve the depth so that three stages stay
+    well inside Hopper's 227 KiB per program.
+    """
+    block_n = 64 if head_dim <= 128 else 32
+    num_stages = 2 if dtype == torch.float32 else 3
+    return block_n, 4, num_stages
+
+
+def _default_split_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """Pick a split so that the grid has a few programs per SM, from host-known numbers only."""
+    if device.type == "cuda":
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        num_sms = 4
+    target_programs = 2 * num_sms
+    programs_per_split = num_seqs * num_kv_heads
+    wanted_splits = max(1, triton.cdiv(target_programs, programs_per_split))
+    # Powers of two in [256, 4096]: below 256 keys the split's fixed costs (q load, partial
+    # write) dominate; above 4096 there is little to gain and the reduction stays small.
+    split_size = triton.next_power_of_2(max(1, triton.cdiv(max_seq_len, wanted_splits)))
+    return max(256, min(4096, split_size))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_seq_len: int,
+    *,
+    split_size: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of one query per sequence over its paged cache; returns [num_seqs, num_q_heads, head_dim].
+
+    max_seq_len: host-known upper bound on every seq_lens entry; it fixes the number of
+        splits, cdiv(max_seq_len, split_size). Keys past a sequence's seq_lens are never read.
+    split_size: keys per split (power of two, multiple of block_n); default chosen from the
+        shapes and the SM count.
+    Every seq_lens entry must be >= 1 and <= max_seq_len (not checked: it would need a sync).
+    """
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=FLOAT_DTYPES)
+    check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,))
+    num_seqs, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    check_shape("k_cache", k_cache, (None, None, None, head_dim))
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_shape("block_tables", block_tables, (num_seqs, None))
+    check_shape("seq_lens", seq_lens, (num_seqs,))
+    check_same_dtype("q", q, k_cache=k_cache, v_cache=v_cache)
+    check_same_device("q", q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens)
+    check_last_dim_contiguous("q", q)
+    check_contiguous("k_cache", k_cache)
+    check_contiguous("v_cache", v_cache)
+    check_contiguous("seq_lens", seq_lens)
+    if block_tables.stride(1) != 1:
+        raise ValueError(f"block_tables must have stride 1 in its last dimension, got strides {block_tables.stride()}")
+    check_head_dim("head_dim", head_dim, SUPPORTED_HEAD_DIMS)
+    check_power_of_two("block_size", block_size, low=1, high=1024)
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    check_positive_int("max_seq_len", max_seq_len)
+    if max_seq_len > block_tables.shape[1] * block_size:
+        raise ValueError(
+            f"max_seq_len {max_seq_len} exceeds the block table's capacity "
+            f"({block_tables.shape[1]} blocks x {block_size} tokens)"
+        )
+    if not isinstance(scale, float):
+        raise TypeError(f"scale must be a Python float, got {type(scale).__name__}")
+
+    default_n, default_warps, default_stages = _default_tiles(head_dim, q.dtype)
+    block_n = block_n or default_n
+    num_warps = num_warps or default_warps
+    num_stages = num_stages or default_stages
+    check_power_of_two("block_n", block_n, low=16, high=256)
+    if split_size is None:
+        split_size = _default_split_size(num_seqs, num_kv_heads, max_seq_len, q.device)
+    check_power_of_two("split_size", split_size, low=block_n, high=1 << 20)
+    num_splits = triton.cdiv(max_seq_len, split_size)
+
+    if out is None:
+        out = torch.empty_like(q)
+    check_tensor("out", out, ndim=3, dtypes=(q.dtype,))
+    check_shape("out", out, tuple(q.shape))
+    check_last_dim_contiguous("out", out)
+    check_same_device("q", q, out=out)
+    if num_seqs == 0:
+        return out
+
+    group_size = num_q_heads // num_kv_heads
+    # Workspace shapes depend on host ints only, so graph capture sees fixed allocations.
+    partial_out = torch.empty((num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+    partial_lse = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        partial_out,
+        partial_lse,
+        q.stride(0),
+        q.stride(1),
+        block_tables.stride(0),
+        num_kv_heads,
+        group_size,
+        split_size,
+        num_splits,
+        scale * _LOG2_E,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        # tl.dot needs at least 16 rows; the GQA group is padded up to that.
+        BLOCK_GROUP=max(16, triton.next_power_of_2(group_size)),
+        BLOCK_N=block_n,
+        # fp32 inputs: full-precision dot (Triton's default would be tf32 on GPUs).
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    _decode_reduce_kernel[(num_seqs, num_q_heads)](
+        partial_out,
+        partial_lse,
+        out,
+        out.stride(0),
+        out.stride(1),
+        num_q_heads,
+        num_splits,
+        HEAD_DIM=head_dim,
+        BLOCK_SPLITS=max(2, triton.next_power_of_2(num_splits)),
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,185 @@
+"""Qwen3's per-head q/k RMSNorm fused with rotate-half RoPE, IN PLACE on q and k.
+
+    q [num_tokens, num_q_heads, head_dim], k [num_tokens, num_kv_heads, head_dim]
+    q_weight, k_weight [head_dim]; cos_sin_cache fp32 [max_positions, head_dim] with
+    cos in [:, :head_dim//2] and sin in [:, head_dim//2:]; positions int64 [num_tokens].
+
+For each head vector x (head_dim values):
+    y  = x / sqrt(mean(x^2) + eps) * weight                  (per-head RMSNorm)
+    y1, y2 = y[:half], y[half:]                              (rotate-half pairs j and j+half)
+    out[:half] = y1 * cos - y2 * sin ;  out[half:] = y2 * cos + y1 * sin
+all in fp32, stored back into q / k in their dtype. In place because q and k are usually
+views into the fused qkv projection output, and writing back there avoids an extra buffer;
+q and k may therefore be strided views (only the last dim must be dense).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fast.kernels._checks import (
+    FLOAT_DTYPES,
+    check_last_dim_contiguous,
+    check_contiguous,
+    check_same_device,
+    check_same_dtype,
+    check_shape,
+    check_tensor,
+)
+
+
+@triton.jit
+def _norm_rope_heads(
+    x_ptr,
+    weight_ptr,
+    token,
+    token_stride,
+    head_stride,
+    head_start,
+    num_heads,
+    cos,
+    sin,
+    eps,
+    HALF_DIM: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,
+):
+    # Tile [HEADS_PER_PROGRAM, HALF_DIM] for each half: head_dim=128, 8 heads from head 16 ->
+    # two 8x64 tiles; element (h, j) of the first half is x[token, 16 + h, j], of the second
+    # half x[token, 16 + h, j + 64]. Heads past num_heads are masked.
+    heads = head_start + tl.arange(0, HEADS_PER_PROGRAM)
+    dims = tl.arange(0, HALF_DIM)
+    mask = (heads < num_heads)[:, None]
+    first_offsets = token * token_stride + heads[:, None] * head_stride + dims[None, :]
+    second_offsets = first_offsets + HALF_DIM
+    first = tl.load(x_ptr + first_offsets, mask=mask, other=0.0).to(tl.float32)
+    second = tl.load(x_ptr + second_offsets, mask=mask, other=0.0).to(tl.float32)
+
+    # RMS over the whole head (both halves): mean over 2 * HALF_DIM values per head.
+    mean_square = (tl.sum(first * first, axis=1) + tl.sum(second * second, axis=1)) / (2 * HALF_DIM)
+    inverse_rms = (1.0 / tl.sqrt(mean_square + eps))[:, None]
+    first = first * inverse_rms * tl.load(weight_ptr + dims).to(tl.float32)[None, :]
+    second = second * inverse_rms * tl.load(weight_ptr + HALF_DIM + dims).to(tl.float32)[None, :]
+
+    rotated_first = first * cos[None, :] - second * sin[None, :]
+    rotated_second = second * cos[None, :] + first * sin[None, :]
+    out_dtype = x_ptr.dtype.element_ty
+    tl.store(x_ptr + first_offsets, rotated_first.to(out_dtype), mask=mask)
+    tl.store(x_ptr + second_offsets, rotated_second.to(out_dtype), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_ptr,
+    k_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    cos_sin_ptr,
+    positions_ptr,
+    q_token_stride,
+    q_head_stride,
+    k_token_stride,
+    k_head_stride,
+    num_q_heads,
+    num_kv_heads,
+    num_q_programs,
+    eps,
+    HALF_DIM: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,
+):
+    # Grid (num_tokens, num_q_programs + num_kv_programs): 32 q heads, 8 kv heads, 8 heads per
+    # program -> head blocks 0..3 are q heads 0-7, 8-15, 16-23, 24-31 and block 4 is k heads 0-7.
+    # Equal-sized programs keep the SMs evenly loaded; q and k share one launch.
+    token = tl.program_id(0).to(tl.int64)
+    head_block = tl.program_id(1)
+    position = tl.load(positions_ptr + token)
+    # cos_sin_cache row of `position`: [cos_0 .. cos_{half-1}, sin_0 .. sin_{half-1}].
+    dims = tl.arange(0, HALF_DIM)
+    cos = tl.load(cos_sin_ptr + position * (2 * HALF_DIM) + dims)
+    sin = tl.load(cos_sin_ptr + position * (2 * HALF_DIM) + HALF_DIM + dims)
+    if head_block < num_q_programs:
+        _norm_rope_heads(
+            q_ptr, q_weight_ptr, token, q_token_stride, q_head_stride, head_block * HEADS_PER_PROGRAM, num_q_heads,
+            cos, sin, eps, HALF_DIM, HEADS_PER_PROGRAM,
+        )
+    else:
+        _norm_rope_heads(
+            k_ptr, k_weight_ptr, token, k_token_stride, k_head_stride,
+            (head_block - num_q_programs) * HEADS_PER_PROGRAM, num_kv_heads, cos, sin, eps, HALF_DIM,
+            HEADS_PER_PROGRAM,
+        )
+
+
+def qk_norm_rope_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions: torch.Tensor,
+    eps: float,
+    *,
+    heads_per_program: int = 8,
+    num_warps: int = 2,
+) -> None:
+    """Apply per-head RMSNorm then rotate-half RoPE to q and k, in place (trailing underscore).
+
+    heads_per_program (a power of two) and num_warps are tuning knobs; the defaults were
+    measured best on an H200 (see fast/kernels/NOTES.md).
+
+    Positions are not range-checked against cos_sin_cache (that would need a device sync):
+    the caller guarantees 0 <= position < max_positions.
+    """
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
+    check_tensor("q_weight", q_weight, ndim=1, dtypes=FLOAT_DTYPES)
+    check_tensor("k_weight", k_weight, ndim=1, dtypes=FLOAT_DTYPES)
+    check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=(torch.float32,))
+    check_tensor("positions", positions, ndim=1, dtypes=(torch.int64,))
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    check_shape("k", k, (num_tokens, None, head_dim))
+    check_shape("q_weight", q_weight, (head_dim,))
+    check_shape("k_weight", k_weight, (head_dim,))
+    check_shape("cos_sin_cache", cos_sin_cache, (None, head_dim))
+    check_shape("positions", positions, (num_tokens,))
+    check_same_dtype("q", q, k=k)
+    check_same_device(
+        "q", q, k=k, q_weight=q_weight, k_weight=k_weight, cos_sin_cache=cos_sin_cache, positions=positions
+    )
+    check_last_dim_contiguous("q", q)
+    check_last_dim_contiguous("k", k)
+    for name, tensor in (("q_weight", q_weight), ("k_weight", k_weight), ("cos_sin_cache", cos_sin_cache),
+                         ("positions", positions)):
+        check_contiguous(name, tensor)
+    if head_dim < 2 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two >= 2, got {head_dim}")
+    if not isinstance(eps, float) or eps <= 0:
+        raise ValueError(f"eps must be a positive float, got {eps!r}")
+    if heads_per_program < 1 or heads_per_program & (heads_per_program - 1):
+        raise ValueError(f"heads_per_program must be a power of two, got {heads_per_program}")
+    if num_tokens == 0:
+        return
+
+    num_q_programs = triton.cdiv(num_q_heads, heads_per_program)
+    num_kv_programs = triton.cdiv(num_kv_heads, heads_per_program)
+    _qk_norm_rope_kernel[(num_tokens, num_q_programs + num_kv_programs)](
+        q,
+        k,
+        q_weight,
+        k_weight,
+        cos_sin_cache,
+        positions,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        num_q_heads,
+        num_kv_heads,
+        num_q_programs,
+        eps,
+        HALF_DIM=head_dim // 2,
+        HEADS_PER_PROGRAM=heads_per_program,
+        num_warps=num_warps,
+    )

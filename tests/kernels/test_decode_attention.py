@@ -1,0 +1,178 @@
+"""Paged split-KV decode attention against a float64 torch reference."""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import given
+
+from fast.kernels.decode_attention import decode_attention
+from tests.kernels.reference import (
+    DEVICE,
+    assert_close_scaled,
+    build_paged_cache,
+    poisoned_like,
+    reference_causal_attention,
+)
+from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator, sequence_length
+
+
+def _run_case(
+    seq_lens: list[int],
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    seed: int,
+    split_size: int | None = None,
+    block_n: int | None = None,
+    extra_max_len: int = 0,
+) -> None:
+    generator = seeded_generator(seed)
+    # Extra table columns let max_seq_len run past the longest sequence (a graph captured for a
+    # larger bound): the extra splits must contribute nothing.
+    extra_columns = 1 + extra_max_len // block_size
+    cache = build_paged_cache(
+        seq_lens, block_size, num_kv_heads, head_dim, dtype, generator, spare_table_columns=extra_columns
+    )
+    num_q_heads = num_kv_heads * group
+    q = torch.randn((len(seq_lens), num_q_heads, head_dim), generator=generator).to(dtype).to(DEVICE)
+    scale = 1.0 / math.sqrt(head_dim)
+    out = poisoned_like(q)
+    max_seq_len = max(seq_lens) + extra_max_len
+    result = decode_attention(
+        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, scale, max_seq_len,
+        split_size=split_size, block_n=block_n, out=out,
+    )
+    assert result is out
+    expected = torch.cat(
+        [reference_causal_attention(q[i : i + 1], k, v, scale) for i, (k, v) in enumerate(zip(cache.keys, cache.values))]
+    )
+    assert_close_scaled(out, expected, dtype, f"decode seq_lens={seq_lens}")
+
+
+@st.composite
+def _decode_cases(draw: st.DrawFn, max_blocks: int, block_sizes: list[int]) -> dict:
+    block_size = draw(st.sampled_from(block_sizes))
+    num_seqs = draw(st.integers(1, 3))
+    return {
+        "seq_lens": [draw(sequence_length(block_size, max_blocks)) for _ in range(num_seqs)],
+        "block_size": block_size,
+        "num_kv_heads": draw(st.sampled_from([1, 2])),
+        "group": draw(st.sampled_from([1, 2, 4, 8])),
+        "seed": draw(st.integers(0, 2**31 - 1)),
+        "extra_max_len": draw(st.sampled_from([0, 0, 40])),
+    }
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@kernel_settings(cpu_examples=25)
+@given(case=_decode_cases(max_blocks=5, block_sizes=[16, 32]), split_size=st.sampled_from([16, 32, 64, None]))
+def test_decode_matches_reference_small(dtype: torch.dtype, case: dict, split_size: int | None) -> None:
+    _run_case(head_dim=64, dtype=dtype, split_size=split_size, block_n=16, **case)
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_decode_default_split_and_tile(dtype: torch.dtype) -> None:
+    _run_case(seq_lens=[300, 1, 257], num_kv_heads=2, group=4, head_dim=64, block_size=16, dtype=dtype, seed=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@kernel_settings(cpu_examples=1, gpu_examples=5)
+@given(case=_decode_cases(max_blocks=40, block_sizes=[16, 64, 256]))
+def test_decode_matches_reference_gpu(dtype: torch.dtype, head_dim: int, case: dict) -> None:
+    _run_case(head_dim=head_dim, dtype=dtype, **case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block_size", [16, 256])
+def test_decode_32k_context_gpu(dtype: torch.dtype, block_size: int) -> None:
+    _run_case(
+        seq_lens=[32768, 20001, 1], num_kv_heads=8, group=4, head_dim=128, block_size=block_size, dtype=dtype,
+        seed=11,
+    )
+
+
+@pytest.mark.gpu
+def test_decode_is_cuda_graph_capturable() -> None:
+    """Capture once, change seq_lens and q in place, replay: the result follows the new values."""
+    generator = seeded_generator(2)
+    cache = build_paged_cache([700, 1500], 16, 2, 128, torch.bfloat16, generator)
+    q = torch.randn((2, 8, 128), generator=generator).to(torch.bfloat16).to(DEVICE)
+    out = torch.empty_like(q)
+    seq_lens = cache.seq_lens.clone()
+    args = (q, cache.k_cache, cache.v_cache, cache.block_tables, seq_lens, 0.088, 1500)
+    decode_attention(*args, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention(*args, out=out)
+    seq_lens.copy_(torch.tensor([650, 1499], dtype=torch.int32))
+    q.copy_(torch.randn(q.shape, generator=generator).to(torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = torch.cat(
+        [
+            reference_causal_attention(q[i : i + 1], cache.keys[i][:n], cache.values[i][:n], 0.088)
+            for i, n in enumerate([650, 1499])
+        ]
+    )
+    assert_close_scaled(out, expected, torch.bfloat16, "decode graph replay")
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _valid_args() -> dict:
+    cache = build_paged_cache([5, 20], 16, 2, 64, torch.float32, seeded_generator(0))
+    return {
+        "q": torch.randn(2, 4, 64, device=DEVICE),
+        "k_cache": cache.k_cache,
+        "v_cache": cache.v_cache,
+        "block_tables": cache.block_tables,
+        "seq_lens": cache.seq_lens,
+        "scale": 0.125,
+        "max_seq_len": 20,
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "names"),
+    [
+        ({"q": torch.randn(2, 4, 64, dtype=torch.float16)}, TypeError, "k_cache"),
+        ({"q": torch.randn(3, 4, 64)}, ValueError, "block_tables"),
+        ({"q": torch.randn(2, 4, 64)[:, :, ::2]}, ValueError, "k_cache"),
+        ({"seq_lens": torch.tensor([5, 20])}, TypeError, "seq_lens"),
+        ({"block_tables": torch.zeros(2, 3, dtype=torch.int64)}, TypeError, "block_tables"),
+        ({"max_seq_len": 10_000}, ValueError, "max_seq_len"),
+        ({"max_seq_len": 0}, ValueError, "max_seq_len"),
+        ({"split_size": 24}, ValueError, "split_size"),
+    ],
+)
+def test_decode_rejects_bad_arguments(change: dict, error: type[Exception], names: str) -> None:
+    args = _valid_args()
+    for key, value in change.items():
+        args[key] = value.to(DEVICE) if isinstance(value, torch.Tensor) else value
+    with pytest.raises(error, match=names):
+        decode_attention(**args)
+
+
+def test_decode_rejects_non_contiguous_cache() -> None:
+    args = _valid_args()
+    args["k_cache"] = args["k_cache"].transpose(2, 3).contiguous().transpose(2, 3)
+    with pytest.raises(ValueError, match="k_cache must be contiguous"):
+        decode_attention(**args)
+
+
+def test_decode_rejects_tensors_on_different_devices() -> None:
+    args = _valid_args()
+    args["block_tables"] = torch.empty((2, 2), dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="block_tables"):
+        decode_attention(**args)
