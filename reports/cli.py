@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from reports import kernel_bench
+from reports.tiny_model import TINY_ARCHITECTURES
 from spec.engine_config import EngineConfig
 from spec.errors import TwinferError
 from spec.sampling_params import SamplingParams
@@ -56,9 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--json", action="store_true", help="print outputs as JSON lines")
     generate.set_defaults(handler=_run_generate)
 
-    tiny = commands.add_parser("tiny-model", help="write the built-in tiny Qwen3 checkpoint (random weights) to DIR")
+    tiny = commands.add_parser("tiny-model", help="write a built-in tiny checkpoint (random weights; Qwen3 by default) to DIR")
     tiny.add_argument("directory", type=Path, help="where to write config.json, model.safetensors and the tokenizer")
     tiny.add_argument("--seed", type=int, default=0, help="weights are deterministic for a seed (default 0)")
+    tiny.add_argument("--architecture", default="qwen3", choices=sorted(TINY_ARCHITECTURES), help="model family (default qwen3)")
     tiny.set_defaults(handler=_run_tiny_model)
 
     diff = commands.add_parser("diff", help="run a fixed prompt set through two engines and compare token by token")
@@ -178,8 +180,8 @@ def _run_generate(args: argparse.Namespace) -> int:
 def _run_tiny_model(args: argparse.Namespace) -> int:
     from reports.tiny_model import write_tiny_model
 
-    path = write_tiny_model(args.directory, seed=args.seed)
-    print(f"wrote tiny Qwen3 checkpoint (seed {args.seed}) to {path}")
+    path = write_tiny_model(args.directory, seed=args.seed, architecture=args.architecture)
+    print(f"wrote tiny {args.architecture} checkpoint (seed {args.seed}) to {path}")
     return 0
 
 

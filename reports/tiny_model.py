@@ -1,4 +1,5 @@
-"""Built-in tiny Qwen3 checkpoints: random weights made by transformers, deterministic for a seed.
+"""Built-in tiny checkpoints (Qwen3 by default; Llama and Qwen2 too): random weights made by
+transformers, deterministic for a seed.
 
 Nothing here can download weights, so tests and the CLI default build their own checkpoint in
 Hugging Face format (config.json, safetensors, tokenizer files) and load it through the real
@@ -42,6 +43,12 @@ class TinyModelShape:
     tokenizer_vocab_size: int = 384
     initializer_range: float = 0.15
     tie_word_embeddings: bool = True
+    attention_bias: bool = False  # Qwen3 and Llama only (Qwen2 always has q/k/v biases)
+    mlp_bias: bool = False  # Llama only
+
+
+# Short names for the CLI -> transformers model class names (each also a supported architecture).
+TINY_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 def build_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizerFast
@@ -62,18 +69,30 @@ def build_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizerFast
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TEXT, pad_token=END_OF_TEXT)
 
 
-def write_tiny_model(directory: str | os.PathLike[str], seed: int = 0, shape: TinyModelShape = TinyModelShape()) -> Path:
-    """Write a Hugging Face format Qwen3 checkpoint with random weights to `directory`."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def write_tiny_model(
+    directory: str | os.PathLike[str],
+    seed: int = 0,
+    shape: TinyModelShape = TinyModelShape(),
+    architecture: str = "qwen3",
+) -> Path:
+    """Write a Hugging Face format checkpoint with random weights to `directory`.
 
+    architecture: "qwen3" (the default model), "llama" or "qwen2".
+    """
+    import torch
+
+    if architecture not in TINY_ARCHITECTURES:
+        raise ValueError(f"unknown tiny architecture {architecture!r}; choose from {', '.join(TINY_ARCHITECTURES)}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(shape.tokenizer_vocab_size)
-    vocab_size = len(tokenizer)
     eos_id = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
-    config = Qwen3Config(
-        vocab_size=vocab_size,
+    config_class, model_class = _transformers_classes(architecture)
+    extra = {"attention_bias": shape.attention_bias} if architecture != "qwen2" else {}
+    if architecture == "llama":
+        extra["mlp_bias"] = shape.mlp_bias
+    config = config_class(
+        vocab_size=len(tokenizer),
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_hidden_layers,
@@ -87,22 +106,30 @@ def write_tiny_model(directory: str | os.PathLike[str], seed: int = 0, shape: Ti
         bos_token_id=eos_id,
         eos_token_id=eos_id,
         pad_token_id=eos_id,
+        **extra,
     )
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config)
-        # Norm weights start at exactly 1; perturb them so the norms are exercised too.
+        model = model_class(config)
+        # Norm weights start at exactly 1 and biases at 0: perturb them so they are exercised too.
         with torch.no_grad():
             for name, parameter in model.named_parameters():
-                if name.endswith("norm.weight"):
+                if name.endswith(("norm.weight", ".bias")):
                     parameter.add_(torch.randn_like(parameter) * 0.1)
     finally:
         torch.random.set_rng_state(generator_state)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    logger.info("wrote tiny Qwen3 checkpoint (seed %d, vocab %d) to %s", seed, vocab_size, directory)
+    logger.info("wrote tiny %s checkpoint (seed %d, vocab %d) to %s", architecture, seed, len(tokenizer), directory)
     return directory
+
+
+def _transformers_classes(architecture: str) -> tuple[type, type]:
+    import transformers
+
+    model_class = getattr(transformers, TINY_ARCHITECTURES[architecture])
+    return model_class.config_class, model_class
 
 
 def default_cache_dir() -> Path:

@@ -142,13 +142,20 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             f"{prefix}.mlp.up_proj.weight": (config.intermediate_size, hidden),
             f"{prefix}.mlp.down_proj.weight": (hidden, config.intermediate_size),
         })
-        if config.use_qk_norm:
+        traits = config.traits
+        if traits.use_qk_norm:
             shapes[f"{prefix}.self_attn.q_norm.weight"] = (head_dim,)
             shapes[f"{prefix}.self_attn.k_norm.weight"] = (head_dim,)
-        if config.attention_bias:
+        if traits.qkv_bias:
             shapes[f"{prefix}.self_attn.q_proj.bias"] = (heads * head_dim,)
             shapes[f"{prefix}.self_attn.k_proj.bias"] = (kv_heads * head_dim,)
             shapes[f"{prefix}.self_attn.v_proj.bias"] = (kv_heads * head_dim,)
+        if traits.o_proj_bias:
+            shapes[f"{prefix}.self_attn.o_proj.bias"] = (hidden,)
+        if traits.mlp_bias:
+            shapes[f"{prefix}.mlp.gate_proj.bias"] = (config.intermediate_size,)
+            shapes[f"{prefix}.mlp.up_proj.bias"] = (config.intermediate_size,)
+            shapes[f"{prefix}.mlp.down_proj.bias"] = (hidden,)
     return shapes
 
 

@@ -1,26 +1,55 @@
 """The model configuration both engines read from a checkpoint's config.json.
 
-Qwen3 is supported now. The fields Llama-3 and Qwen2 need (attention bias, no q/k norm,
-llama3 rope scaling) are part of the data model so adding them is a registration, not a
-redesign.
+Supported: Qwen3, Llama (Llama-3 with its llama3 RoPE scaling) and Qwen2 (Qwen2.5). They differ
+only in the traits of `ArchitectureTraits`: q/k norm and where projections carry biases.
+Features none of the engines implement (sliding-window attention, activations other than
+SiLU) are refused when the config is read, never silently ignored.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spec.errors import ConfigError
 
-# Architecture name (config.json "architectures"[0]) -> whether its attention has a per-head
-# RMSNorm on q and k (Qwen3 does, Llama and Qwen2 do not).
-ARCHITECTURE_USES_QK_NORM: dict[str, bool] = {
-    "Qwen3ForCausalLM": True,
+
+
+@dataclass(frozen=True)
+class ArchitectureTraits:
+    """How a supported architecture's layers differ; read from config.json by `traits_for`."""
+
+    use_qk_norm: bool  # per-head RMSNorm on q and k before RoPE (Qwen3)
+    qkv_bias: bool  # biases on the q, k and v projections
+    o_proj_bias: bool  # bias on the attention output projection
+    mlp_bias: bool  # biases on gate, up and down projections
+
+
+def _qwen3_traits(raw: dict[str, Any]) -> ArchitectureTraits:
+    bias = bool(raw.get("attention_bias", False))
+    return ArchitectureTraits(use_qk_norm=True, qkv_bias=bias, o_proj_bias=bias, mlp_bias=False)
+
+
+def _llama_traits(raw: dict[str, Any]) -> ArchitectureTraits:
+    bias = bool(raw.get("attention_bias", False))
+    return ArchitectureTraits(use_qk_norm=False, qkv_bias=bias, o_proj_bias=bias, mlp_bias=bool(raw.get("mlp_bias", False)))
+
+
+def _qwen2_traits(raw: dict[str, Any]) -> ArchitectureTraits:
+    return ArchitectureTraits(use_qk_norm=False, qkv_bias=True, o_proj_bias=False, mlp_bias=False)
+
+
+# Architecture name (config.json "architectures"[0]) -> how to read its traits.
+ARCHITECTURES: dict[str, Callable[[dict[str, Any]], ArchitectureTraits]] = {
+    "Qwen3ForCausalLM": _qwen3_traits,
+    "LlamaForCausalLM": _llama_traits,
+    "Qwen2ForCausalLM": _qwen2_traits,
 }
-SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_USES_QK_NORM)
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -76,8 +105,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     rope_scaling: RopeScaling = RopeScaling()
-    attention_bias: bool = False
-    use_qk_norm: bool = True
+    traits: ArchitectureTraits = ArchitectureTraits(use_qk_norm=True, qkv_bias=False, o_proj_bias=False, mlp_bias=False)
     hidden_act: str = "silu"
     torch_dtype: str = "float32"
     eos_token_ids: tuple[int, ...] = ()
@@ -117,6 +145,8 @@ class ModelConfig:
     def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
         """Build from the dictionary of a Hugging Face config.json (transformers 4 or 5 layout)."""
         architecture = _architecture(raw)
+        if raw.get("use_sliding_window"):
+            raise ConfigError("sliding-window attention (use_sliding_window: true) is not supported")
         head_dim = raw.get("head_dim") or _required(raw, "hidden_size") // _required(raw, "num_attention_heads")
         rope_theta, rope_scaling = _rope(raw)
         return cls(
@@ -133,8 +163,7 @@ class ModelConfig:
             max_position_embeddings=_required(raw, "max_position_embeddings"),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             rope_scaling=rope_scaling,
-            attention_bias=bool(raw.get("attention_bias", False)),
-            use_qk_norm=ARCHITECTURE_USES_QK_NORM[architecture],
+            traits=ARCHITECTURES[architecture](raw),
             hidden_act=raw.get("hidden_act", "silu"),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
             eos_token_ids=_token_ids(raw.get("eos_token_id")),
