@@ -18,7 +18,7 @@ from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
 from spec.invariants import InvariantMonitor
 from spec.model_config import ModelConfig
-from spec.request import Request, RequestOutput, RequestStatus, TokenLogprobs
+from spec.request import Request, RequestOutput, TokenLogprobs, check_request
 from spec.sampling import SamplingRow, sample_tokens, top_logprobs
 from spec.sampling_params import MAX_SEED, SamplingParams
 from spec.scheduling import StepPlan
@@ -103,31 +103,7 @@ class ReferenceEngine:
         return request_id
 
     def _checked_prompt(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> tuple[int, ...]:
-        if isinstance(prompt_token_ids, (str, bytes)):
-            raise InvalidRequestError(f"request {request_id!r}: the engine takes token ids; tokenize text first (LLM does)")
-        prompt = tuple(prompt_token_ids)
-        if not prompt:
-            raise InvalidRequestError(f"request {request_id!r}: the prompt is empty")
-        vocab_size = self.model_config.vocab_size
-        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"request {request_id!r}: token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
-            )
-        max_model_len = self.config.model_len
-        if len(prompt) >= max_model_len:
-            raise InvalidRequestError(
-                f"request {request_id!r}: prompt of {len(prompt)} tokens leaves no room to generate within "
-                f"max_model_len {max_model_len}"
-            )
-        tokens_to_cache = min(len(prompt) + params.max_tokens, max_model_len) - 1
-        blocks_needed = self.config.blocks_for_tokens(tokens_to_cache)
-        if blocks_needed > self.config.num_blocks:
-            raise InvalidRequestError(
-                f"request {request_id!r}: needs {blocks_needed} KV blocks ({tokens_to_cache} tokens) but the pool "
-                f"has only {self.config.num_blocks}; raise num_blocks or lower max_tokens"
-            )
-        return prompt
+        return check_request(request_id, prompt_token_ids, params, self.model_config.vocab_size, self.config)
 
     def abort(self, request_id: str) -> RequestOutput:
         request = self._requests.pop(request_id, None)

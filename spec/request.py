@@ -12,8 +12,11 @@ from the prefix cache where its full blocks survived).
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from spec.engine_config import EngineConfig
+from spec.errors import InvalidRequestError
 from spec.sampling_params import SamplingParams
 
 
@@ -127,3 +130,36 @@ class Request:
             logprobs=tuple(self.output_logprobs) if self.params.logprobs > 0 else None,
             text=text,
         )
+
+
+def check_request(
+    request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int, config: EngineConfig
+) -> tuple[int, ...]:
+    """The prompt as a tuple if the request can ever be served; otherwise InvalidRequestError naming why.
+
+    Refused: text instead of token ids, an empty prompt, ids outside [0, vocab_size), a prompt
+    that leaves no room to generate within max_model_len, and a request whose cached tokens,
+    min(prompt + max_tokens, max_model_len) - 1, need more blocks than the whole pool.
+    """
+    if isinstance(prompt_token_ids, (str, bytes)):
+        raise InvalidRequestError(f"request {request_id!r}: the engine takes token ids; tokenize text first (LLM does)")
+    prompt = tuple(prompt_token_ids)
+    if not prompt:
+        raise InvalidRequestError(f"request {request_id!r}: the prompt is empty")
+    bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"request {request_id!r}: token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    max_model_len = config.model_len
+    if len(prompt) >= max_model_len:
+        raise InvalidRequestError(
+            f"request {request_id!r}: prompt of {len(prompt)} tokens leaves no room to generate within "
+            f"max_model_len {max_model_len}"
+        )
+    tokens_to_cache = min(len(prompt) + params.max_tokens, max_model_len) - 1
+    blocks_needed = config.blocks_for_tokens(tokens_to_cache)
+    if blocks_needed > config.num_blocks:
+        raise InvalidRequestError(
+            f"request {request_id!r}: needs {blocks_needed} KV blocks ({tokens_to_cache} tokens) but the pool "
+            f"has only {config.num_blocks}; raise num_blocks or lower max_tokens"
+        )
+    return prompt
