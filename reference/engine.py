@@ -95,15 +95,12 @@ class ReferenceEngine:
         request_id = request_id if request_id is not None else f"request-{next(self._auto_ids)}"
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        prompt = self._checked_prompt(request_id, prompt_token_ids, params)
+        prompt = check_request(request_id, prompt_token_ids, params, self.model_config.vocab_size, self.config)
         seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED + 1)
         request = Request(request_id, prompt, params, seed, next(self._arrivals))
         self._requests[request_id] = request
         self.scheduler.add(request)
         return request_id
-
-    def _checked_prompt(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> tuple[int, ...]:
-        return check_request(request_id, prompt_token_ids, params, self.model_config.vocab_size, self.config)
 
     def abort(self, request_id: str) -> RequestOutput:
         request = self._requests.pop(request_id, None)

@@ -22,6 +22,9 @@ class Scheduler:
         self.allocator = BlockAllocator(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # Every unfinished request, whatever its queue: redundant with the queues on purpose, so
+        # a request that falls out of both is visible to the invariant checks.
+        self._active: dict[str, Request] = {}
         self._scheduled: dict[str, int] = {}  # request id -> tokens scheduled in the current step
         self._admission: dict[str, tuple[int, int]] = {}  # request id -> (cached tokens, tokens) at admission
 
@@ -30,6 +33,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def add(self, request: Request) -> None:
+        self._active[request.request_id] = request
         self.waiting.append(request)
 
     # -- one step ----------------------------------------------------------------------------
@@ -138,6 +142,7 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self._admission.pop(request.request_id, None)
+        self._active.pop(request.request_id, None)
         request.finish(reason)
 
     def abort(self, request: Request) -> None:
@@ -147,7 +152,7 @@ class Scheduler:
 
     def snapshot(self) -> SchedulerSnapshot:
         requests = {}
-        for request in [*self.waiting, *self.running]:
+        for request in self._active.values():
             cached, tokens = self._admission.get(request.request_id, (0, request.num_tokens))
             requests[request.request_id] = RequestState(
                 request_id=request.request_id,

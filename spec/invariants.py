@@ -76,7 +76,7 @@ class SchedulerSnapshot:
     config: EngineConfig
     waiting: tuple[str, ...]
     running: tuple[str, ...]
-    requests: dict[str, RequestState]  # every active (waiting or running) request
+    requests: dict[str, RequestState]  # every unfinished request, from a registry kept apart from the queues
     allocator: AllocatorSnapshot
 
 
@@ -127,6 +127,8 @@ def _check_ref_counts(snapshot: AllocatorSnapshot) -> None:
 
 def _check_hash_map(snapshot: AllocatorSnapshot) -> None:
     for block_hash, block_id in snapshot.cached_blocks.items():
+        if not 0 <= block_id < snapshot.num_blocks:
+            _fail(HASH_MAP_MATCHES_CONTENT, f"hash map points {block_hash:#x} at unknown block {block_id}")
         block = snapshot.blocks[block_id]
         if block.block_hash != block_hash:
             _fail(HASH_MAP_MATCHES_CONTENT, f"hash map points {block_hash:#x} at block {block_id}, whose hash is {block.block_hash}")

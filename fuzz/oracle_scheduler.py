@@ -1,0 +1,139 @@
+"""An independent oracle of the scheduling policy, written from spec.scheduling's docstring.
+
+It is the policy in the docstring's own words and order, over the plain pool model; it knows
+nothing of reference/scheduler.py. The twin check holds every registered scheduler to the
+decisions it makes, step by step. Its block ids are its own (decisions never depend on them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from spec.engine_config import EngineConfig
+from spec.request import FinishReason
+from spec.scheduling import ScheduledChunk, StepPlan
+
+from fuzz.pool_model import PoolModel
+from fuzz.workload import RequestScript
+
+
+@dataclass
+class OracleRequest:
+    script: RequestScript
+    output: list[int] = field(default_factory=list)
+    computed: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.script.request_id
+
+    @property
+    def tokens(self) -> list[int]:
+        return [*self.script.prompt, *self.output]
+
+
+class OracleScheduler:
+    def __init__(self, config: EngineConfig, eos_token_ids: Sequence[int]) -> None:
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.pool = PoolModel.from_free_queue(config.block_size, range(config.num_blocks), config.enable_prefix_caching)
+        self.waiting: list[OracleRequest] = []  # index 0 is the head
+        self.running: list[OracleRequest] = []  # oldest admission first
+        self.finish_reasons: dict[str, FinishReason] = {}
+
+    def add(self, script: RequestScript) -> None:
+        self.waiting.append(OracleRequest(script))
+
+    def schedule(self) -> StepPlan:
+        budget = self.config.max_num_batched_tokens  # 1.
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+
+        position = 0  # 2. running requests, oldest first, while budget > 0
+        while position < len(self.running) and budget > 0:
+            request = self.running[position]
+            n = min(len(request.tokens) - request.computed, budget)
+            if not self._grow_preempting_newest(request, request.computed + n, preempted):
+                break  # the request itself was preempted: the running pass ends
+            chunks.append(self._chunk(request, n))
+            budget -= n
+            position += 1
+
+        admitted: list[str] = []
+        if not preempted:  # 3. admission, first come first served
+            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                head = self.waiting[0]
+                hit = self.pool.cached_prefix(head.tokens)
+                cached_tokens = len(hit) * self.config.block_size
+                n = min(len(head.tokens) - cached_tokens, budget)
+                if not self.pool.can_admit(cached_tokens + n, hit):
+                    break  # the head of the queue is never skipped
+                self.waiting.pop(0)
+                self.pool.admit(head.request_id, hit)
+                assert self.pool.grow(head.request_id, cached_tokens + n), "oracle: can_admit promised these blocks"
+                head.computed = cached_tokens
+                self.running.append(head)
+                admitted.append(head.request_id)
+                chunks.append(self._chunk(head, n))
+                budget -= n
+        return StepPlan(chunks=tuple(chunks), preempted=tuple(preempted), admitted=tuple(admitted))  # 4.
+
+    def _grow_preempting_newest(self, request: OracleRequest, num_tokens: int, preempted: list[str]) -> bool:
+        while not self.pool.grow(request.request_id, num_tokens):
+            victim = self.running.pop()  # the most recently admitted
+            self.pool.free(victim.request_id)
+            victim.computed = 0
+            self.waiting.insert(0, victim)
+            preempted.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    @staticmethod
+    def _chunk(request: OracleRequest, n: int) -> ScheduledChunk:
+        start = request.computed
+        return ScheduledChunk(request.request_id, start, n, samples=start + n == len(request.tokens))
+
+    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[str]:
+        """Apply the step; the ids of the requests that finished, in plan order."""
+        by_id = {request.request_id: request for request in self.running}
+        finished: list[str] = []
+        for chunk in plan.chunks:
+            request = by_id[chunk.request_id]
+            request.computed += chunk.num_tokens
+            self.pool.commit(request.request_id, request.tokens, request.computed)
+            if not chunk.samples:
+                continue
+            request.output.append(sampled[request.request_id])
+            reason = self._finish_reason(request)
+            if reason is not None:
+                self.running.remove(request)
+                self.pool.free(request.request_id)
+                self.finish_reasons[request.request_id] = reason
+                finished.append(request.request_id)
+        return finished
+
+    def _finish_reason(self, request: OracleRequest) -> FinishReason | None:
+        script = request.script
+        token = request.output[-1]
+        if (token in self.eos_token_ids and not script.ignore_eos) or token in script.stop_token_ids:
+            return FinishReason.STOP
+        if len(request.output) >= script.max_tokens or len(request.tokens) >= self.config.model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def abort(self, request_id: str) -> None:
+        for queue in (self.running, self.waiting):
+            for request in queue:
+                if request.request_id == request_id:
+                    queue.remove(request)
+                    if queue is self.running:
+                        self.pool.free(request_id)
+                    self.finish_reasons[request_id] = FinishReason.ABORT
+                    return
+        raise KeyError(f"oracle: no active request {request_id!r}")
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)

@@ -1,0 +1,335 @@
+"""A hypothesis state machine over schedulers: add requests, step with a fake model, abort, drain.
+
+Small max_num_seqs, token budgets and pools make chunked prefill, preemption and eviction
+routine. Each registered scheduler runs the same operations; after every step each is held to
+- the spec's scheduler invariants (InvariantMonitor on its snapshots),
+- conservation: every added request is active until it comes back, and comes back exactly
+  once with exactly the tokens and finish reason the fake model implies (fuzz/workload.py),
+- liveness: a drain finishes every request within a bound derived from the workload,
+- an idle scheduler holds no block except through the prefix cache,
+and, with the twin check on, to the decisions of the oracle written from spec.scheduling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import hypothesis.strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from spec.engine_config import EngineConfig
+from spec.invariants import ALL_INVARIANTS, InvariantMonitor, SchedulerSnapshot
+from spec.request import FinishReason, Request
+from spec.scheduling import StepPlan
+
+from fuzz import stats
+from fuzz.implementations import SchedulerImplementation, SchedulerUnderTest
+from fuzz.oracle_scheduler import OracleScheduler
+from fuzz.properties import CONSERVATION, IDLE_POOL_FREE, LIVENESS, TWIN_DECISIONS, violated
+from fuzz.strategies import checked_step, draw_tokens, prefix_stems
+from fuzz.workload import (
+    EOS_TOKEN_IDS,
+    GENERATED_ALPHABET,
+    RequestScript,
+    expected_completion,
+    fake_model,
+    is_servable,
+    workload_step_bound,
+)
+
+# InvariantMonitor.observe checks every spec invariant but finishes-exactly-once (fed separately).
+INVARIANTS_PER_OBSERVE = len(ALL_INVARIANTS) - 1
+NO_MODEL_LEN_LIMIT = 4096
+
+
+@st.composite
+def engine_configs(draw: st.DrawFn) -> EngineConfig:
+    """Tiny engines: a few blocks, a few sequences, a budget of a few tokens."""
+    block_size = draw(st.sampled_from((1, 2, 4, 8)), label="block_size")
+    num_blocks = draw(st.integers(2, 16), label="num_blocks")
+    max_model_len = draw(
+        st.one_of(st.just(NO_MODEL_LEN_LIMIT), st.integers(2, (num_blocks + 1) * block_size)), label="max_model_len"
+    )
+    return EngineConfig(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=draw(st.integers(1, 4), label="max_num_seqs"),
+        max_num_batched_tokens=draw(st.integers(1, 24), label="max_num_batched_tokens"),
+        max_model_len=max_model_len,
+        enable_prefix_caching=draw(st.booleans().map(lambda disabled: not disabled), label="enable_prefix_caching"),
+    )
+
+
+@dataclass
+class Twin:
+    """One scheduler implementation under test, with the requests it was handed."""
+
+    implementation: SchedulerImplementation
+    scheduler: SchedulerUnderTest
+    monitor: InvariantMonitor = field(default_factory=InvariantMonitor)
+    requests: dict[str, Request] = field(default_factory=dict)  # every request it was given
+    returned: set[str] = field(default_factory=set)  # finished or aborted
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    implementations: ClassVar[tuple[SchedulerImplementation, ...]]
+    twin_check: ClassVar[bool]
+    stats_label: ClassVar[str]
+    last_run_steps: ClassVar[int] = 0  # steps of the latest run: after a failure, the shrunk one's
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps_run = 0
+        self.healthy = True
+        self.scripts: dict[str, RequestScript] = {}
+        self.expected: dict[str, tuple[tuple[int, ...], FinishReason]] = {}
+        self.active: list[str] = []  # added and not yet come back, in arrival order
+        self.scripts_drawn = 0  # numbers request ids, rejected requests included
+        stats.bump(self.stats_label, "examples")
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    @initialize(config=engine_configs(), data=st.data())
+    @checked_step
+    def build_engines(self, config: EngineConfig, data: st.DataObject) -> None:
+        self.config = config
+        self.stems = data.draw(prefix_stems(4 * config.block_size), label="stems")
+        self.twins = [Twin(impl, impl.build(config, EOS_TOKEN_IDS)) for impl in self.implementations]
+        self.oracle = OracleScheduler(config, EOS_TOKEN_IDS) if self.twin_check else None
+
+    # -- rules -------------------------------------------------------------------------------
+
+    @rule(count=st.integers(1, 3), data=st.data())
+    @checked_step
+    def add_requests(self, count: int, data: st.DataObject) -> None:
+        """Add a few requests at once: several arriving together is what builds pool pressure."""
+        for _ in range(count):
+            self._add_request(self._draw_script(data))
+
+    @rule(times=st.integers(1, 4))
+    @checked_step
+    def step(self, times: int) -> None:
+        for _ in range(times):
+            self._step_all()
+
+    @precondition(lambda self: bool(self.active))
+    @rule(data=st.data())
+    @checked_step
+    def abort(self, data: st.DataObject) -> None:
+        request_id = data.draw(st.sampled_from(self.active), label="request to abort")
+        for twin in self.twins:
+            request = twin.requests[request_id]
+            twin.scheduler.abort(request)
+            self._came_back(twin, request)
+            self._check_twin(twin)
+        self.active.remove(request_id)
+        if self.oracle is not None:
+            self.oracle.abort(request_id)
+            self._compare_queues_with_oracle()
+        stats.bump(self.stats_label, "aborts")
+
+    @rule()
+    @checked_step
+    def drain(self) -> None:
+        self._drain()
+
+    def teardown(self) -> None:
+        type(self).last_run_steps = self.steps_run
+        if self.healthy and hasattr(self, "twins"):
+            self._drain()  # every run ends idle: liveness and the idle checks apply to all of them
+
+    def after_step(self) -> None:
+        """Each rule checks as it goes (after every scheduler step); here only the bookkeeping."""
+        type(self).last_run_steps = self.steps_run
+        stats.bump(self.stats_label, "steps")
+
+    # -- stepping ----------------------------------------------------------------------------
+
+    def _step_all(self) -> list[StepPlan]:
+        plans: list[StepPlan] = []
+        finished_by_twin: list[list[str]] = []
+        for twin in self.twins:
+            plan = twin.scheduler.schedule()
+            self._observe(twin, twin.scheduler.snapshot(), plan)
+            sampled = fake_model(_sampling_positions(plan), self.scripts)
+            finished = twin.scheduler.update(plan, sampled)
+            for request in finished:
+                self._came_back(twin, request)
+            self._check_twin(twin)
+            plans.append(plan)
+            finished_by_twin.append([request.request_id for request in finished])
+        for request_id in dict.fromkeys(request_id for finished in finished_by_twin for request_id in finished):
+            if request_id in self.active:
+                self.active.remove(request_id)
+        if self.oracle is not None:
+            self._step_oracle_and_compare(plans, finished_by_twin)
+        return plans
+
+    def _drain(self) -> None:
+        """Step until idle; every request must finish within the bound the workload implies."""
+        bound = workload_step_bound([self.scripts[request_id] for request_id in self.active], self.config.model_len)
+        steps = 0
+        while any(twin.scheduler.has_unfinished for twin in self.twins):
+            if steps >= bound:
+                raise violated(LIVENESS, f"requests {self.active} still unfinished after {steps} drain steps (bound {bound})")
+            for twin, plan in zip(self.twins, self._step_all()):
+                if plan.is_empty and twin.scheduler.has_unfinished:
+                    raise violated(LIVENESS, f"{twin.implementation.name}: nothing scheduled while {self.active} wait")
+            steps += 1
+        for twin in self.twins:
+            self._check_idle(twin)
+        stats.bump(self.stats_label, "drains")
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def _observe(self, twin: Twin, snapshot: SchedulerSnapshot, plan: StepPlan | None = None) -> None:
+        twin.monitor.observe(snapshot)
+        stats.bump(self.stats_label, "snapshot_checks")
+        stats.bump(self.stats_label, "invariant_evaluations", INVARIANTS_PER_OBSERVE)
+        if plan is not None:
+            self._count_plan(plan, snapshot)
+
+    def _came_back(self, twin: Twin, request: Request) -> None:
+        """A request finished or was aborted: exactly once, with what the fake model implies."""
+        request_id = request.request_id
+        twin.monitor.finished([request_id])
+        stats.bump(self.stats_label, "invariant_evaluations")
+        if request_id not in self.scripts or request_id in twin.returned:
+            raise violated(CONSERVATION, f"{twin.implementation.name}: {request_id!r} came back but is not active")
+        twin.returned.add(request_id)
+        script = self.scripts[request_id]
+        if request.prompt_token_ids != script.prompt:
+            raise violated(CONSERVATION, f"{request_id!r} came back with prompt {request.prompt_token_ids}, added with {script.prompt}")
+        tokens, reason = tuple(request.output_token_ids), request.finish_reason
+        expected_tokens, expected_reason = self.expected[request_id]
+        if reason is FinishReason.ABORT:
+            if request_id not in self.active or expected_tokens[: len(tokens)] != tokens or len(tokens) >= len(expected_tokens):
+                raise violated(CONSERVATION, f"aborted {request_id!r} returned {tokens}; the model's output is {expected_tokens}")
+        elif (tokens, reason) != (expected_tokens, expected_reason):
+            raise violated(
+                CONSERVATION,
+                f"{twin.implementation.name}: {request_id!r} returned {tokens} ({reason}); "
+                f"expected {expected_tokens} ({expected_reason}) for max_tokens {script.max_tokens}",
+            )
+        stats.bump(self.stats_label, f"finished_{reason.value if reason else 'none'}")
+
+    def _check_twin(self, twin: Twin) -> None:
+        """After a step or an abort: invariants, then no active request lost or ahead of the model."""
+        snapshot = twin.scheduler.snapshot()
+        self._observe(twin, snapshot)
+        in_queues = set(snapshot.waiting) | set(snapshot.running)
+        should_be_active = set(twin.requests) - twin.returned
+        if in_queues != should_be_active:
+            raise violated(
+                CONSERVATION,
+                f"{twin.implementation.name}: lost {sorted(should_be_active - in_queues)}, "
+                f"still holds returned {sorted(in_queues - should_be_active)}",
+            )
+        for request_id in should_be_active:
+            output = tuple(twin.requests[request_id].output_token_ids)
+            expected_tokens, _ = self.expected[request_id]
+            if len(output) >= len(expected_tokens) or expected_tokens[: len(output)] != output:
+                raise violated(CONSERVATION, f"active {request_id!r} holds {output}; the model's output is {expected_tokens}")
+        if twin.scheduler.has_unfinished != bool(should_be_active):
+            raise violated(CONSERVATION, f"has_unfinished is {twin.scheduler.has_unfinished} with {sorted(should_be_active)} active")
+
+    def _check_idle(self, twin: Twin) -> None:
+        snapshot = twin.scheduler.snapshot()
+        self._observe(twin, snapshot)
+        twin.monitor.check_all_finished()
+        missing = sorted(set(twin.requests) - twin.returned)
+        if missing:
+            raise violated(CONSERVATION, f"{twin.implementation.name} is idle but never returned {missing}")
+        allocator = snapshot.allocator
+        if len(allocator.free_block_ids) != allocator.num_blocks:
+            held = sorted(set(range(allocator.num_blocks)) - set(allocator.free_block_ids))
+            raise violated(IDLE_POOL_FREE, f"{twin.implementation.name} is idle but blocks {held} are not free")
+
+    def _step_oracle_and_compare(self, plans: list[StepPlan], finished_by_twin: list[list[str]]) -> None:
+        assert self.oracle is not None
+        expected_plan = self.oracle.schedule()
+        expected_finished = self.oracle.update(expected_plan, fake_model(_sampling_positions(expected_plan), self.scripts))
+        for twin, plan, finished in zip(self.twins, plans, finished_by_twin):
+            if plan != expected_plan:
+                raise violated(TWIN_DECISIONS, f"{twin.implementation.name} planned {plan}; the spec's policy plans {expected_plan}")
+            if finished != expected_finished:
+                raise violated(TWIN_DECISIONS, f"{twin.implementation.name} finished {finished}; the spec's policy finishes {expected_finished}")
+        self._compare_queues_with_oracle()
+
+    def _compare_queues_with_oracle(self) -> None:
+        assert self.oracle is not None
+        expected = (tuple(r.request_id for r in self.oracle.waiting), tuple(r.request_id for r in self.oracle.running))
+        for twin in self.twins:
+            snapshot = twin.scheduler.snapshot()
+            if (snapshot.waiting, snapshot.running) != expected:
+                raise violated(
+                    TWIN_DECISIONS,
+                    f"{twin.implementation.name} queues (waiting, running) are {(snapshot.waiting, snapshot.running)}; "
+                    f"the spec's policy has {expected}",
+                )
+        stats.bump(self.stats_label, "twin_comparisons")
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _add_request(self, script: RequestScript) -> None:
+        if not is_servable(script, self.config):
+            stats.bump(self.stats_label, "requests_rejected")  # an engine would refuse it: never added
+            return
+        self.scripts[script.request_id] = script
+        self.expected[script.request_id] = expected_completion(script, self.config.model_len)
+        self.active.append(script.request_id)
+        arrival = len(self.scripts) - 1
+        for twin in self.twins:
+            request = script.new_request(arrival)
+            twin.requests[script.request_id] = request
+            twin.scheduler.add(request)
+        if self.oracle is not None:
+            self.oracle.add(script)
+        stats.bump(self.stats_label, "requests_added")
+
+    def _draw_script(self, data: st.DataObject) -> RequestScript:
+        self.scripts_drawn += 1
+        block_size = self.config.block_size
+        longest_prompt = min(self.config.model_len - 1, self.config.num_blocks * block_size) or 1
+        max_tokens = data.draw(st.integers(1, max(4, 2 * block_size)), label="max_tokens")
+        return RequestScript(
+            request_id=f"r{self.scripts_drawn}",
+            prompt=tuple(draw_tokens(data, self.stems, longest_prompt)),
+            max_tokens=max_tokens,
+            ignore_eos=data.draw(st.booleans(), label="ignore_eos"),
+            stop_token_ids=data.draw(st.one_of(st.just(()), st.tuples(st.sampled_from(GENERATED_ALPHABET))), label="stop"),
+            eos_at_output_index=data.draw(st.one_of(st.none(), st.integers(0, max_tokens - 1)), label="eos at"),
+        )
+
+    def _count_plan(self, plan: StepPlan, snapshot: SchedulerSnapshot) -> None:
+        stats.bump(self.stats_label, "scheduler_steps")
+        stats.bump(self.stats_label, "preemptions", len(plan.preempted))
+        stats.bump(self.stats_label, "admissions", len(plan.admitted))
+        stats.bump(self.stats_label, "partial_prefill_chunks", sum(1 for chunk in plan.chunks if not chunk.samples))
+        hits = sum(1 for request_id in plan.admitted if snapshot.requests[request_id].cached_tokens_at_admission > 0)
+        stats.bump(self.stats_label, "admissions_with_prefix_hit", hits)
+        if not plan.chunks and snapshot.waiting:
+            stats.bump(self.stats_label, "steps_blocked")
+
+
+def _sampling_positions(plan: StepPlan) -> dict[str, int]:
+    """Request id -> position of the token a sampling chunk produces."""
+    return {chunk.request_id: chunk.start + chunk.num_tokens for chunk in plan.chunks if chunk.samples}
+
+
+def scheduler_machine(
+    implementations: tuple[SchedulerImplementation, ...], twin_check: bool = True, stats_label: str | None = None
+) -> type[SchedulerMachine]:
+    """The state machine class driving `implementations` side by side (and the oracle, if `twin_check`)."""
+    names = "+".join(impl.name for impl in implementations)
+    return type(
+        f"SchedulerMachine_{names.replace('+', '_')}",
+        (SchedulerMachine,),
+        {
+            "implementations": implementations,
+            "twin_check": twin_check,
+            "stats_label": stats_label or f"scheduler[{names}{'+oracle' if twin_check else ''}]",
+            "last_run_steps": 0,
+        },
+    )
