@@ -31,19 +31,14 @@ import triton.language as tl
 
 from fast.kernels._checks import (
     FLOAT_DTYPES,
-    check_contiguous,
-    check_head_dim,
-    check_last_dim_contiguous,
-    check_power_of_two,
+    check_paged_attention_inputs,
     check_positive_int,
-    check_same_device,
-    check_same_dtype,
-    check_shape,
+    check_power_of_two,
     check_tensor,
+    output_like,
 )
 
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
-_LOG2_E = 1.4426950408889634
+_LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); the kernels use exp2
 
 
 @triton.jit
@@ -219,37 +214,15 @@ def decode_attention(
         shapes and the SM count.
     Every seq_lens entry must be >= 1 and <= max_seq_len (not checked: it would need a sync).
     """
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=FLOAT_DTYPES)
-    check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
-    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,))
-    num_seqs, num_q_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    check_shape("k_cache", k_cache, (None, None, None, head_dim))
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    check_shape("block_tables", block_tables, (num_seqs, None))
-    check_shape("seq_lens", seq_lens, (num_seqs,))
-    check_same_dtype("q", q, k_cache=k_cache, v_cache=v_cache)
-    check_same_device("q", q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens)
-    check_last_dim_contiguous("q", q)
-    check_contiguous("k_cache", k_cache)
-    check_contiguous("v_cache", v_cache)
-    check_contiguous("seq_lens", seq_lens)
-    if block_tables.stride(1) != 1:
-        raise ValueError(f"block_tables must have stride 1 in its last dimension, got strides {block_tables.stride()}")
-    check_head_dim("head_dim", head_dim, SUPPORTED_HEAD_DIMS)
-    check_power_of_two("block_size", block_size, low=1, high=1024)
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
-        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    q = check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    num_seqs, num_q_heads, head_dim = q.shape  # one query row per sequence
+    block_size, num_kv_heads = check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale, num_seqs)
     check_positive_int("max_seq_len", max_seq_len)
     if max_seq_len > block_tables.shape[1] * block_size:
         raise ValueError(
             f"max_seq_len {max_seq_len} exceeds the block table's capacity "
             f"({block_tables.shape[1]} blocks x {block_size} tokens)"
         )
-    if not isinstance(scale, float):
-        raise TypeError(f"scale must be a Python float, got {type(scale).__name__}")
 
     default_n, default_warps, default_stages = _default_tiles(head_dim, q.dtype)
     block_n = block_n or default_n
@@ -261,12 +234,7 @@ def decode_attention(
     check_power_of_two("split_size", split_size, low=block_n, high=1 << 20)
     num_splits = triton.cdiv(max_seq_len, split_size)
 
-    if out is None:
-        out = torch.empty_like(q)
-    check_tensor("out", out, ndim=3, dtypes=(q.dtype,))
-    check_shape("out", out, tuple(q.shape))
-    check_last_dim_contiguous("out", out)
-    check_same_device("q", q, out=out)
+    out = output_like("out", q, out)
     if num_seqs == 0:
         return out
 

@@ -31,20 +31,17 @@ import triton
 import triton.language as tl
 
 from fast.kernels._checks import (
-    FLOAT_DTYPES,
     check_contiguous,
-    check_head_dim,
-    check_last_dim_contiguous,
-    check_power_of_two,
+    check_paged_attention_inputs,
     check_positive_int,
+    check_power_of_two,
     check_same_device,
-    check_same_dtype,
     check_shape,
     check_tensor,
+    output_like,
 )
 
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
-_LOG2_E = 1.4426950408889634
+_LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); the kernels use exp2
 
 
 @triton.jit
@@ -227,38 +224,14 @@ def prefill_attention(
     cu_seqlens_q[-1] == num_tokens, each q length <= max_seqlen_q and <= its seq_lens entry,
     and each sequence's block-table row covers seq_lens[s] keys.
     """
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,))
-    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,))
-    check_tensor("block_tables", block_tables, ndim=2, dtypes=(torch.int32,))
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=FLOAT_DTYPES)
+    block_size, num_kv_heads = check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale)
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
-    _, block_size, num_kv_heads, _ = k_cache.shape
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,))
     check_shape("cu_seqlens_q", cu_seqlens_q, (num_seqs + 1,))
-    check_shape("block_tables", block_tables, (num_seqs, None))
-    check_shape("k_cache", k_cache, (None, None, None, head_dim))
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    check_same_dtype("q", q, k_cache=k_cache, v_cache=v_cache)
-    check_same_device(
-        "q", q, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables, k_cache=k_cache,
-        v_cache=v_cache,
-    )
-    check_last_dim_contiguous("q", q)
-    check_contiguous("k_cache", k_cache)
-    check_contiguous("v_cache", v_cache)
+    check_same_device("q", q, cu_seqlens_q=cu_seqlens_q)
     check_contiguous("cu_seqlens_q", cu_seqlens_q)
-    check_contiguous("seq_lens", seq_lens)
-    if block_tables.stride(1) != 1:
-        raise ValueError(f"block_tables must have stride 1 in its last dimension, got strides {block_tables.stride()}")
-    check_head_dim("head_dim", head_dim, SUPPORTED_HEAD_DIMS)
-    check_power_of_two("block_size", block_size, low=1, high=1024)
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
-        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     check_positive_int("max_seqlen_q", max_seqlen_q)
-    if not isinstance(scale, float):
-        raise TypeError(f"scale must be a Python float, got {type(scale).__name__}")
 
     default_m, default_n, default_warps, default_stages = _default_tiles(head_dim, q.dtype, q.device)
     block_m = block_m or default_m
@@ -266,12 +239,7 @@ def prefill_attention(
     check_power_of_two("block_m", block_m, low=16, high=256)
     check_power_of_two("block_n", block_n, low=16, high=256)
 
-    if out is None:
-        out = torch.empty_like(q)
-    check_tensor("out", out, ndim=3, dtypes=(q.dtype,))
-    check_shape("out", out, tuple(q.shape))
-    check_last_dim_contiguous("out", out)
-    check_same_device("q", q, out=out)
+    out = output_like("out", q, out)
     if num_tokens == 0 or num_seqs == 0:
         return out
 
