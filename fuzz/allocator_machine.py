@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import hypothesis.strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from spec.invariants import InvariantMonitor
 
@@ -20,7 +20,7 @@ from fuzz import stats
 from fuzz.implementations import AllocatorImplementation, AllocatorUnderTest
 from fuzz.pool_model import PoolModel
 from fuzz.properties import MODEL_AGREEMENT, check_agrees_with_model, violated
-from fuzz.strategies import BLOCK_SIZES, checked_step, draw_tokens, prefix_stems
+from fuzz.strategies import BLOCK_SIZES, CountedMachine, checked_step, draw_tokens, prefix_stems
 from fuzz.workload import PROMPT_ALPHABET
 
 # check_allocator's three invariants plus the monitor's hashed-block-immutable.
@@ -37,18 +37,13 @@ class LiveRequest:
         return len(self.tokens) - self.computed
 
 
-class AllocatorMachine(RuleBasedStateMachine):
+class AllocatorMachine(CountedMachine):
     implementation: ClassVar[AllocatorImplementation]
-    stats_label: ClassVar[str]
-    last_run_steps: ClassVar[int] = 0  # steps of the latest run: after a failure, the shrunk one's
 
     def __init__(self) -> None:
         super().__init__()
-        self.steps_run = 0
-        self.healthy = True
         self.live: dict[str, LiveRequest] = {}
         self.next_request_number = 0
-        stats.bump(self.stats_label, "examples")
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -135,7 +130,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self._prefix_hit(draw_tokens(data, self.stems, self.max_prompt_tokens))
 
     def teardown(self) -> None:
-        type(self).last_run_steps = self.steps_run
+        super().teardown()
         if not self.healthy or not hasattr(self, "allocator"):
             return  # a check already failed (or nothing was built): report that failure alone
         for request_id in sorted(self.live):
@@ -167,9 +162,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.model.free(request_id)
         stats.bump(self.stats_label, "frees")
 
-    def after_step(self) -> None:
-        type(self).last_run_steps = self.steps_run
-        stats.bump(self.stats_label, "steps")
+    def check_after_step(self) -> None:
         self._check_state()
 
     def _check_state(self) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import hypothesis.strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from spec.engine_config import EngineConfig
 from spec.invariants import ALL_INVARIANTS, InvariantMonitor, SchedulerSnapshot
@@ -27,7 +27,7 @@ from fuzz import stats
 from fuzz.implementations import SchedulerImplementation, SchedulerUnderTest
 from fuzz.oracle_scheduler import OracleScheduler
 from fuzz.properties import CONSERVATION, IDLE_POOL_FREE, LIVENESS, TWIN_DECISIONS, violated
-from fuzz.strategies import checked_step, draw_tokens, prefix_stems
+from fuzz.strategies import CountedMachine, checked_step, draw_tokens, prefix_stems
 from fuzz.workload import (
     EOS_TOKEN_IDS,
     GENERATED_ALPHABET,
@@ -72,21 +72,18 @@ class Twin:
     returned: set[str] = field(default_factory=set)  # finished or aborted
 
 
-class SchedulerMachine(RuleBasedStateMachine):
+class SchedulerMachine(CountedMachine):
+    """Each rule checks as it goes (after every scheduler step), so no per-rule check is added."""
+
     implementations: ClassVar[tuple[SchedulerImplementation, ...]]
     twin_check: ClassVar[bool]
-    stats_label: ClassVar[str]
-    last_run_steps: ClassVar[int] = 0  # steps of the latest run: after a failure, the shrunk one's
 
     def __init__(self) -> None:
         super().__init__()
-        self.steps_run = 0
-        self.healthy = True
         self.scripts: dict[str, RequestScript] = {}
         self.expected: dict[str, tuple[tuple[int, ...], FinishReason]] = {}
         self.active: list[str] = []  # added and not yet come back, in arrival order
         self.scripts_drawn = 0  # numbers request ids, rejected requests included
-        stats.bump(self.stats_label, "examples")
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -135,14 +132,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._drain()
 
     def teardown(self) -> None:
-        type(self).last_run_steps = self.steps_run
+        super().teardown()
         if self.healthy and hasattr(self, "twins"):
             self._drain()  # every run ends idle: liveness and the idle checks apply to all of them
-
-    def after_step(self) -> None:
-        """Each rule checks as it goes (after every scheduler step); here only the bookkeeping."""
-        type(self).last_run_steps = self.steps_run
-        stats.bump(self.stats_label, "steps")
 
     # -- stepping ----------------------------------------------------------------------------
 

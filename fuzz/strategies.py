@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
 
 import hypothesis.strategies as st
+from hypothesis.stateful import RuleBasedStateMachine
 
+from fuzz import stats
 from fuzz.workload import PROMPT_ALPHABET
 
 BLOCK_SIZES = (1, 2, 4, 8, 16)
@@ -58,6 +60,32 @@ def checked_step(method: Callable[Concatenate[M, P], None]) -> Callable[Concaten
         self.healthy = True
 
     return run_rule_then_check
+
+
+class CountedMachine(RuleBasedStateMachine):
+    """Bookkeeping both state machines share: examples and steps counted under `stats_label`,
+    the step count of the latest run kept for the planted-bug tests, and the `healthy` flag
+    that `checked_step` maintains. Subclasses put their per-step checks in `check_after_step`."""
+
+    stats_label: ClassVar[str]
+    last_run_steps: ClassVar[int] = 0  # steps of the latest run: after a failure, the shrunk one's
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps_run = 0
+        self.healthy = True
+        stats.bump(self.stats_label, "examples")
+
+    def after_step(self) -> None:
+        type(self).last_run_steps = self.steps_run
+        stats.bump(self.stats_label, "steps")
+        self.check_after_step()
+
+    def check_after_step(self) -> None:
+        """Checks to run after every rule (none by default)."""
+
+    def teardown(self) -> None:
+        type(self).last_run_steps = self.steps_run
 
 
 def ignore(*_: Any) -> None:
