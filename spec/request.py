@@ -56,6 +56,9 @@ class RequestOutput:
     num_cached_prompt_tokens: int  # prompt tokens served from the prefix cache at first admission
     logprobs: tuple[TokenLogprobs, ...] | None = None  # set when SamplingParams.logprobs was asked for
     text: str | None = None
+    # Set when SamplingParams.prompt_logprobs was asked for: one entry per prompt token, None for
+    # the first (nothing predicts it); entry i is prompt token i's logprob given tokens [0, i).
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -79,6 +82,9 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     was_admitted: bool = False
+    # Entry i: prompt token i's logprobs (None for i == 0 or not yet computed). Filled on the
+    # request's first computation of each position; a recomputation after preemption keeps them.
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -108,6 +114,36 @@ class Request:
         self.num_computed_tokens = 0
         self.num_preemptions += 1
 
+    def advance_computed(self, num_tokens: int) -> None:
+        """A scheduled chunk of `num_tokens` tokens now has K/V in the cache."""
+        self._require(RequestStatus.RUNNING, "advance")
+        if num_tokens < 1 or self.num_computed_tokens + num_tokens > self.num_tokens:
+            raise LifecycleError(
+                f"request {self.request_id!r}: cannot compute {num_tokens} more tokens "
+                f"({self.num_computed_tokens} of {self.num_tokens} computed)"
+            )
+        self.num_computed_tokens += num_tokens
+
+    def append_token(self, token_id: int) -> None:
+        """A token was sampled for this request."""
+        self._require(RequestStatus.RUNNING, "append a token to")
+        self.output_token_ids.append(token_id)
+
+    def append_logprobs(self, logprobs: TokenLogprobs) -> None:
+        """The log-probabilities of the token just appended (when SamplingParams.logprobs asks for them)."""
+        if len(self.output_logprobs) >= len(self.output_token_ids):
+            raise LifecycleError(f"request {self.request_id!r}: more logprobs than output tokens")
+        self.output_logprobs.append(logprobs)
+
+    def record_prompt_logprobs(self, position: int, logprobs: TokenLogprobs) -> None:
+        """Logprobs of prompt token `position` (>= 1); the first computation of a position wins."""
+        if not 1 <= position < len(self.prompt_token_ids):
+            raise LifecycleError(f"request {self.request_id!r}: no prompt position {position} to score")
+        if not self.prompt_logprobs:
+            self.prompt_logprobs = [None] * len(self.prompt_token_ids)
+        if self.prompt_logprobs[position] is None:
+            self.prompt_logprobs[position] = logprobs
+
     def finish(self, reason: FinishReason) -> None:
         if self.status is RequestStatus.FINISHED:
             raise LifecycleError(f"request {self.request_id!r} finished twice")
@@ -129,7 +165,38 @@ class Request:
             num_cached_prompt_tokens=self.num_cached_prompt_tokens,
             logprobs=tuple(self.output_logprobs) if self.params.logprobs > 0 else None,
             text=text,
+            prompt_logprobs=self._prompt_logprobs_output(),
         )
+
+    def _prompt_logprobs_output(self) -> tuple[TokenLogprobs | None, ...] | None:
+        if self.params.prompt_logprobs is None:
+            return None
+        if not self.prompt_logprobs:
+            return (None,) * len(self.prompt_token_ids)
+        return tuple(self.prompt_logprobs)
+
+
+def prompt_logprob_positions(request: Request, start: int, num_tokens: int) -> range:
+    """Positions p of the chunk [start, start + num_tokens) whose logits score prompt token p + 1.
+
+    Empty unless the request asks for prompt logprobs. The logits at position p predict token p + 1,
+    so a chunk scores the prompt tokens p + 1 for p < len(prompt) - 1.
+    """
+    if request.params.prompt_logprobs is None:
+        return range(0)
+    return range(start, min(start + num_tokens, len(request.prompt_token_ids) - 1))
+
+
+def finish_reason(request: Request, eos_token_ids: frozenset[int], max_model_len: int) -> FinishReason | None:
+    """Why a request that just got a token is finished, or None: a stop token (end-of-sequence unless
+    ignore_eos, or one of stop_token_ids) is STOP; max_tokens outputs or max_model_len tokens is LENGTH."""
+    token = request.output_token_ids[-1]
+    params = request.params
+    if (not params.ignore_eos and token in eos_token_ids) or token in params.stop_token_ids:
+        return FinishReason.STOP
+    if len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= max_model_len:
+        return FinishReason.LENGTH
+    return None
 
 
 def check_request(

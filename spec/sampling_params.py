@@ -25,6 +25,9 @@ class SamplingParams:
     seed: makes sampling reproducible; None draws a seed when the request is added.
     logprobs: how many top log-probabilities to return per generated token (0 to 20), besides
         the log-probability of the chosen token, which is always returned.
+    prompt_logprobs: None (off) or how many top log-probabilities to return for every prompt
+        position after the first (0 to 20), besides the prompt token's own. A request that asks
+        for them gets no prefix-cache hit: every prompt position is recomputed (spec.scheduling).
     """
 
     temperature: float = 1.0
@@ -36,6 +39,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     logprobs: int = 0
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check_real("temperature", self.temperature)
@@ -70,6 +74,12 @@ class SamplingParams:
         _check_int("logprobs", self.logprobs)
         if not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise SamplingParamsError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs)
+            if not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+                raise SamplingParamsError(
+                    f"prompt_logprobs must be None or in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}"
+                )
 
     @property
     def is_greedy(self) -> bool:

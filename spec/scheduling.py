@@ -17,7 +17,10 @@ Policy, one step (two implementations that follow it make identical decisions):
    served, while budget > 0 and fewer than max_num_seqs requests run. For the request at the
    head of the queue: its prefix-cache hit is the longest run of leading full blocks of its
    tokens (prompt plus any output, after preemption) found in the cache, limited to
-   (num_tokens - 1) // block_size blocks so at least one token is computed.
+   (num_tokens - 1) // block_size blocks so at least one token is computed
+   (`max_prefix_hit_blocks`); a request that asks for prompt logprobs gets no hit, so every
+   prompt position is computed and scored. Before a hit block is reused, its stored token ids
+   are compared with the request's: a hash collision never serves another prompt's K/V.
    n = min(num_tokens - cached_tokens, budget) (the last admitted prompt is chunked to fit).
    If the pool cannot supply the blocks for cached_tokens + n tokens beyond the hit blocks,
    admission stops (the head of the queue is never skipped). Otherwise it is admitted,
@@ -42,6 +45,7 @@ than the whole pool.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -68,3 +72,17 @@ class StepPlan:
     @property
     def is_empty(self) -> bool:
         return not self.chunks
+
+
+def max_prefix_hit_blocks(num_tokens: int, block_size: int, wants_prompt_logprobs: bool = False) -> int:
+    """Most leading full blocks a request of `num_tokens` tokens may take from the prefix cache:
+    at least one token is always left to compute (its logits sample the next token), and a
+    request that asks for prompt logprobs takes none (every prompt position is scored)."""
+    if wants_prompt_logprobs:
+        return 0
+    return (num_tokens - 1) // block_size
+
+
+def slot_of(block_table: Sequence[int], position: int, block_size: int) -> int:
+    """The KV-cache slot of token `position` of a request: block_id * block_size + offset."""
+    return block_table[position // block_size] * block_size + position % block_size

@@ -1,0 +1,1 @@
+"""twinfer's public entry point: `from twinfer import LLM, SamplingParams`."""
