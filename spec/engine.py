@@ -3,16 +3,23 @@ server drive. Token ids in, `RequestOutput`s out; text lives above this layer.""
 
 from __future__ import annotations
 
+import itertools
+import secrets
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from spec.engine_config import EngineConfig
+from spec.errors import InvalidRequestError
+from spec.invariants import InvariantMonitor, SchedulerSnapshot
 from spec.model_config import ModelConfig
-from spec.request import RequestOutput
-from spec.sampling_params import SamplingParams
+from spec.request import Request, RequestOutput, TokenLogprobs, check_request
+from spec.sampling_params import MAX_SEED, SamplingParams
+from spec.scheduling import StepPlan
 
 
 @runtime_checkable
@@ -51,3 +58,145 @@ class EngineFactory(Protocol):
         dtype: str | torch.dtype = "auto",
         device: torch.device | str | None = None,
     ) -> Engine: ...
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """What one step produced for one request: its new token and, when asked for, its logprobs."""
+
+    token_id: int
+    logprobs: TokenLogprobs | None
+
+
+class ScheduledEngine(ABC):
+    """The request bookkeeping both engines share; an engine supplies `execute(plan)`.
+
+    add_request validates through spec.request.check_request and draws a seed for unseeded
+    requests; step schedules, executes, and applies the results through the scheduler; abort
+    finishes a request wherever it is. Subclasses set model_config, config (resolved),
+    scheduler and monitor before use (`_init_requests`).
+    """
+
+    model_config: ModelConfig
+    config: EngineConfig
+    scheduler: SchedulerLike
+    monitor: InvariantMonitor | None
+
+    def _init_requests(self) -> None:
+        self.monitor = InvariantMonitor() if self.config.check_invariants else None
+        self._requests: dict[str, Request] = {}
+        self._arrivals = itertools.count()
+        self._auto_ids = itertools.count()
+
+    @abstractmethod
+    def execute(self, plan: StepPlan) -> dict[str, SampledToken]:
+        """Run the model over the plan's chunks; the token sampled for each chunk that samples.
+        Prompt logprobs of the chunks' positions are recorded on their requests here."""
+
+    # -- requests ----------------------------------------------------------------------------
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def request(self, request_id: str) -> Request:
+        """The engine-side state of an unfinished request (KeyError if there is none)."""
+        return self._requests[request_id]
+
+    def add_request(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        """Queue a request; raises InvalidRequestError (and changes nothing) if it can never be served."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        request_id = request_id if request_id is not None else f"request-{next(self._auto_ids)}"
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        prompt = check_request(request_id, prompt_token_ids, params, self.model_config.vocab_size, self.config)
+        seed = params.seed if params.seed is not None else secrets.randbelow(MAX_SEED + 1)
+        request = Request(request_id, prompt, params, seed, next(self._arrivals))
+        self._requests[request_id] = request
+        self.scheduler.add(request)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            raise KeyError(f"no unfinished request {request_id!r}")
+        self.scheduler.abort(request)
+        if self.monitor is not None:
+            self.monitor.finished([request_id])
+        return request.output()
+
+    # -- stepping ----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; outputs of the requests that got a token (finished or not)."""
+        plan = self.scheduler.schedule()
+        self._check_invariants()
+        if plan.is_empty:
+            return []
+        sampled = self.execute(plan)
+        finished = self.scheduler.update(plan, {request_id: s.token_id for request_id, s in sampled.items()})
+        stepped = [self._requests[request_id] for request_id in sampled]
+        for request in stepped:
+            logprobs = sampled[request.request_id].logprobs
+            if logprobs is not None:
+                request.append_logprobs(logprobs)
+        for request in finished:
+            del self._requests[request.request_id]
+        if self.monitor is not None:
+            self.monitor.finished(r.request_id for r in finished)
+        self._check_invariants()
+        return [request.output() for request in stepped]
+
+    def _check_invariants(self) -> None:
+        if self.monitor is not None:
+            self.monitor.observe(self.scheduler.snapshot())
+            if not self.scheduler.has_unfinished:
+                self.monitor.check_all_finished()
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts (token-id lists) to completion; outputs in prompt order."""
+        params_list = broadcast_params(params, len(prompts))
+        request_ids = [self.add_request(prompt, p) for prompt, p in zip(prompts, params_list, strict=True)]
+        wanted = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        while len(finished) < len(wanted) and self.has_unfinished:
+            for output in self.step():
+                if output.finished and output.request_id in wanted:
+                    finished[output.request_id] = output
+        return [finished[request_id] for request_id in request_ids]
+
+
+class SchedulerLike(Protocol):
+    """What ScheduledEngine needs of a scheduler (both engines' schedulers have it)."""
+
+    @property
+    def has_unfinished(self) -> bool: ...
+    def add(self, request: Request) -> None: ...
+    def schedule(self) -> StepPlan: ...
+    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]: ...
+    def abort(self, request: Request) -> None: ...
+    def snapshot(self) -> SchedulerSnapshot: ...
+
+
+def broadcast_params(params: SamplingParams | Sequence[SamplingParams] | None, count: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt: the default, one shared, or a list of exactly `count`."""
+    if params is None:
+        return [SamplingParams()] * count
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    params_list = list(params)
+    if len(params_list) != count:
+        raise InvalidRequestError(f"{len(params_list)} sampling params for {count} prompts")
+    return params_list
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -8,12 +8,18 @@ from spec.errors import ConfigError
 from spec.model_config import ModelConfig
 
 
+DEFAULT_NUM_BLOCKS = 1024
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Limits the scheduler and block allocator work within, validated at construction.
 
     block_size: tokens per KV block (a power of two).
-    num_blocks: KV blocks in the pool (per layer; every layer shares the block tables).
+    num_blocks: KV blocks in the pool (per layer; every layer shares the block tables). None: the
+        fast engine on a GPU sizes the pool from free memory (gpu_memory_utilization); every other
+        engine and device uses DEFAULT_NUM_BLOCKS. Give the same number to engines compared
+        side by side, so that their scheduling decisions are identical.
     max_num_seqs: most requests running at once.
     max_num_batched_tokens: most tokens computed in one step (prefill chunks plus decodes).
     max_model_len: longest sequence (prompt plus output) a request may reach; None means the
@@ -21,36 +27,59 @@ class EngineConfig:
     enable_prefix_caching: reuse full KV blocks across requests by their chained content hash.
     check_invariants: check the spec invariants after every scheduling decision and step
         (slow; used by tests and fuzzers).
+    gpu_memory_utilization: fraction of the GPU's memory the fast engine may use in all (weights,
+        activations, KV pool) when it sizes the pool itself (num_blocks None).
+    enable_cuda_graphs: the fast engine on a GPU replays decode steps from captured CUDA graphs.
     """
 
     block_size: int = 16
-    num_blocks: int = 1024
+    num_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     check_invariants: bool = False
+    gpu_memory_utilization: float = 0.9
+    enable_cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
+            if name == "num_blocks" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine setting {name!r} must be a positive integer, got {value!r}")
+        utilization = self.gpu_memory_utilization
+        if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
+        for name in ("enable_prefix_caching", "check_invariants", "enable_cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"engine setting {name!r} must be a bool, got {getattr(self, name)!r}")
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
 
-    def resolved(self, model: ModelConfig) -> "EngineConfig":
-        """This configuration with max_model_len filled in and checked against the model."""
-        if self.max_model_len is None:
-            return replace(self, max_model_len=model.max_position_embeddings)
-        if self.max_model_len > model.max_position_embeddings:
+    def resolved(self, model: ModelConfig, num_blocks: int | None = None) -> "EngineConfig":
+        """This configuration with max_model_len (checked against the model) and num_blocks filled in.
+
+        num_blocks: the pool size an engine chose itself (used only when num_blocks is None here);
+        otherwise DEFAULT_NUM_BLOCKS.
+        """
+        max_model_len = self.max_model_len if self.max_model_len is not None else model.max_position_embeddings
+        if max_model_len > model.max_position_embeddings:
             raise ConfigError(
-                f"max_model_len {self.max_model_len} exceeds the model's max_position_embeddings "
+                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
                 f"{model.max_position_embeddings}"
             )
-        return self
+        pool = self.num_blocks if self.num_blocks is not None else (num_blocks or DEFAULT_NUM_BLOCKS)
+        return replace(self, max_model_len=max_model_len, num_blocks=pool)
+
+    @property
+    def pool_blocks(self) -> int:
+        if self.num_blocks is None:
+            raise ConfigError("num_blocks is unresolved: call EngineConfig.resolved(model_config) first")
+        return self.num_blocks
 
     @property
     def model_len(self) -> int:

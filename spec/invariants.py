@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from spec.block_hash import NO_PARENT, hash_block, hash_full_blocks
+from spec.block_hash import NO_PARENT, HashFunction, hash_block, hash_full_blocks
 from spec.engine_config import EngineConfig
 from spec.errors import InvariantViolation
 
@@ -59,6 +59,7 @@ class AllocatorSnapshot:
     blocks: tuple[BlockState, ...]  # indexed by block id
     cached_blocks: dict[int, int]  # block hash -> block id (the prefix cache)
     block_tables: dict[str, tuple[int, ...]]  # request id -> block ids, in token order
+    hash_function: HashFunction = hash_block  # the allocator's block hash (tests inject colliding ones)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def _check_hash_map(snapshot: AllocatorSnapshot) -> None:
         if block.token_ids is None or len(block.token_ids) != snapshot.block_size:
             _fail(HASH_MAP_MATCHES_CONTENT, f"hashed block {block.block_id} is not full: {block.token_ids}")
         parent = NO_PARENT if block.parent_hash is None else block.parent_hash
-        if hash_block(parent, block.token_ids) != block.block_hash:
+        if snapshot.hash_function(parent, block.token_ids) != block.block_hash:
             _fail(HASH_MAP_MATCHES_CONTENT, f"block {block.block_id}'s hash does not match its content")
 
 
@@ -210,7 +211,9 @@ def _check_running_request(snapshot: SchedulerSnapshot, state: RequestState) -> 
             f"request {state.request_id!r} was admitted with {cached} cached tokens of {state.tokens_at_admission} "
             f"(must be whole blocks of {block_size} and leave a token to compute)",
         )
-    expected_hashes = hash_full_blocks(state.token_ids, block_size, state.num_computed_tokens // block_size)
+    expected_hashes = hash_full_blocks(
+        state.token_ids, block_size, state.num_computed_tokens // block_size, snapshot.allocator.hash_function
+    )
     for index, expected in enumerate(expected_hashes):
         block = snapshot.allocator.blocks[table[index]]
         if block.block_hash is not None and block.block_hash != expected:

@@ -94,6 +94,16 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    def token_span(self, start: int, num_tokens: int) -> list[int]:
+        """Tokens [start, start + num_tokens) of prompt-then-output, without joining the whole sequence."""
+        prompt_len = len(self.prompt_token_ids)
+        end = start + num_tokens
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len : end - prompt_len]
+        if end <= prompt_len:
+            return list(self.prompt_token_ids[start:end])
+        return [*self.prompt_token_ids[start:], *self.output_token_ids[: end - prompt_len]]
+
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens

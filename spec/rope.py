@@ -73,3 +73,19 @@ def rope_cos_sin(inv_freq: torch.Tensor, attention_scaling: float, positions: to
     freqs = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
     angles = torch.cat((freqs, freqs), dim=-1)
     return angles.cos() * attention_scaling, angles.sin() * attention_scaling
+
+
+def cos_sin_cache(config: ModelConfig, max_positions: int) -> torch.Tensor:
+    """fp32 [max_positions, head_dim]: row p is [cos_0 .. cos_{half-1}, sin_0 .. sin_{half-1}] at position p.
+
+    The attention scaling (YaRN's factor) is already applied. The rotate-half layout repeats each
+    angle in both halves of `rope_cos_sin`'s output, so one half of each is the whole table (the
+    layout `fast.kernels.qk_norm_rope` reads).
+    """
+    if max_positions < 1:
+        raise ValueError(f"max_positions must be >= 1, got {max_positions}")
+    inv_freq, attention_scaling = rope_parameters(config)
+    positions = torch.arange(max_positions, dtype=torch.int64)
+    cos, sin = rope_cos_sin(inv_freq, attention_scaling, positions)
+    half = config.head_dim // 2
+    return torch.cat((cos[:, :half], sin[:, :half]), dim=-1).contiguous()

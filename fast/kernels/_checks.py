@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
-ATTENTION_HEAD_DIMS = (64, 128, 256)
+ATTENTION_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 def check_tensor(

@@ -205,6 +205,7 @@ def decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     out: torch.Tensor | None = None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its paged cache; returns [num_seqs, num_q_heads, head_dim].
 
@@ -212,6 +213,9 @@ def decode_attention(
         splits, cdiv(max_seq_len, split_size). Keys past a sequence's seq_lens are never read.
     split_size: keys per split (power of two, multiple of block_n); default chosen from the
         shapes and the SM count.
+    workspace: (partial_out fp32 [>= num_seqs, num_q_heads, >= num_splits, head_dim],
+        partial_lse fp32 [>= num_seqs, num_q_heads, >= num_splits]) owned by the caller, so that
+        nothing is allocated per call (see `decode_workspace`); default: allocated here.
     Every seq_lens entry must be >= 1 and <= max_seq_len (not checked: it would need a sync).
     """
     q = check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
@@ -239,9 +243,9 @@ def decode_attention(
         return out
 
     group_size = num_q_heads // num_kv_heads
-    # Workspace shapes depend on host ints only, so graph capture sees fixed allocations.
-    partial_out = torch.empty((num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
-    partial_lse = torch.empty((num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+    if workspace is None:
+        workspace = decode_workspace(num_seqs, num_q_heads, num_splits, head_dim, q.device)
+    partial_out, partial_lse = _workspace_views(workspace, num_seqs, num_q_heads, num_splits, head_dim)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -281,3 +285,32 @@ def decode_attention(
         num_warps=4,
     )
     return out
+
+
+def decode_workspace(
+    max_num_seqs: int, num_q_heads: int, max_num_splits: int, head_dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split workspaces for up to `max_num_seqs` sequences and `max_num_splits` splits."""
+    partial_out = torch.empty((max_num_seqs, num_q_heads, max_num_splits, head_dim), dtype=torch.float32, device=device)
+    partial_lse = torch.empty((max_num_seqs, num_q_heads, max_num_splits), dtype=torch.float32, device=device)
+    return partial_out, partial_lse
+
+
+def _workspace_views(
+    workspace: tuple[torch.Tensor, torch.Tensor], num_seqs: int, num_q_heads: int, num_splits: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous [num_seqs, num_q_heads, num_splits, (head_dim)] views at the start of the workspaces.
+
+    The kernels index the workspaces densely ((seq * num_q_heads + head) * num_splits + split), so
+    the views are flat prefixes of the buffers, not slices of their leading dimensions.
+    """
+    partial_out, partial_lse = workspace
+    needed = num_seqs * num_q_heads * num_splits
+    for name, buffer, per_row in (("partial_out", partial_out, head_dim), ("partial_lse", partial_lse, 1)):
+        if buffer.dtype != torch.float32 or not buffer.is_contiguous() or buffer.numel() < needed * per_row:
+            raise ValueError(
+                f"workspace {name} must be a contiguous fp32 tensor of at least {needed * per_row} elements"
+            )
+    flat_out = partial_out.view(-1)[: needed * head_dim].view(num_seqs, num_q_heads, num_splits, head_dim)
+    flat_lse = partial_lse.view(-1)[:needed].view(num_seqs, num_q_heads, num_splits)
+    return flat_out, flat_lse

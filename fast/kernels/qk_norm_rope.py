@@ -44,6 +44,7 @@ def _norm_rope_heads(
     eps,
     HALF_DIM: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr,
+    APPLY_NORM: tl.constexpr,
 ):
     # Tile [HEADS_PER_PROGRAM, HALF_DIM] for each half: head_dim=128, 8 heads from head 16 ->
     # two 8x64 tiles; element (h, j) of the first half is x[token, 16 + h, j], of the second
@@ -56,11 +57,12 @@ def _norm_rope_heads(
     first = tl.load(x_ptr + first_offsets, mask=mask, other=0.0).to(tl.float32)
     second = tl.load(x_ptr + second_offsets, mask=mask, other=0.0).to(tl.float32)
 
-    # RMS over the whole head (both halves): mean over 2 * HALF_DIM values per head.
-    mean_square = (tl.sum(first * first, axis=1) + tl.sum(second * second, axis=1)) / (2 * HALF_DIM)
-    inverse_rms = (1.0 / tl.sqrt(mean_square + eps))[:, None]
-    first = first * inverse_rms * tl.load(weight_ptr + dims).to(tl.float32)[None, :]
-    second = second * inverse_rms * tl.load(weight_ptr + HALF_DIM + dims).to(tl.float32)[None, :]
+    if APPLY_NORM:
+        # RMS over the whole head (both halves): mean over 2 * HALF_DIM values per head.
+        mean_square = (tl.sum(first * first, axis=1) + tl.sum(second * second, axis=1)) / (2 * HALF_DIM)
+        inverse_rms = (1.0 / tl.sqrt(mean_square + eps))[:, None]
+        first = first * inverse_rms * tl.load(weight_ptr + dims).to(tl.float32)[None, :]
+        second = second * inverse_rms * tl.load(weight_ptr + HALF_DIM + dims).to(tl.float32)[None, :]
 
     rotated_first = first * cos[None, :] - second * sin[None, :]
     rotated_second = second * cos[None, :] + first * sin[None, :]
@@ -87,6 +89,7 @@ def _qk_norm_rope_kernel(
     eps,
     HALF_DIM: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr,
+    APPLY_NORM: tl.constexpr,
 ):
     # Grid (num_tokens, num_q_programs + num_kv_programs): 32 q heads, 8 kv heads, 8 heads per
     # program -> head blocks 0..3 are q heads 0-7, 8-15, 16-23, 24-31 and block 4 is k heads 0-7.
@@ -101,21 +104,21 @@ def _qk_norm_rope_kernel(
     if head_block < num_q_programs:
         _norm_rope_heads(
             q_ptr, q_weight_ptr, token, q_token_stride, q_head_stride, head_block * HEADS_PER_PROGRAM, num_q_heads,
-            cos, sin, eps, HALF_DIM, HEADS_PER_PROGRAM,
+            cos, sin, eps, HALF_DIM, HEADS_PER_PROGRAM, APPLY_NORM,
         )
     else:
         _norm_rope_heads(
             k_ptr, k_weight_ptr, token, k_token_stride, k_head_stride,
             (head_block - num_q_programs) * HEADS_PER_PROGRAM, num_kv_heads, cos, sin, eps, HALF_DIM,
-            HEADS_PER_PROGRAM,
+            HEADS_PER_PROGRAM, APPLY_NORM,
         )
 
 
 def qk_norm_rope_(
     q: torch.Tensor,
     k: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
     cos_sin_cache: torch.Tensor,
     positions: torch.Tensor,
     eps: float,
@@ -125,33 +128,28 @@ def qk_norm_rope_(
 ) -> None:
     """Apply per-head RMSNorm then rotate-half RoPE to q and k, in place (trailing underscore).
 
-    heads_per_program (a power of two) and num_warps are tuning knobs; the defaults were
-    measured best on an H200 (see fast/kernels/NOTES.md).
+    With q_weight and k_weight both None the norm is skipped (RoPE only: Llama and Qwen2,
+    see `rope_`). heads_per_program (a power of two) and num_warps are tuning knobs; the
+    defaults were measured best on an H200 (see fast/kernels/NOTES.md).
 
     Positions are not range-checked against cos_sin_cache (that would need a device sync):
     the caller guarantees 0 <= position < max_positions.
     """
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
-    check_tensor("q_weight", q_weight, ndim=1, dtypes=FLOAT_DTYPES)
-    check_tensor("k_weight", k_weight, ndim=1, dtypes=FLOAT_DTYPES)
+    apply_norm = _check_norm_weights(q_weight, k_weight, q.shape[2])
     check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=(torch.float32,))
     check_tensor("positions", positions, ndim=1, dtypes=(torch.int64,))
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     check_shape("k", k, (num_tokens, None, head_dim))
-    check_shape("q_weight", q_weight, (head_dim,))
-    check_shape("k_weight", k_weight, (head_dim,))
     check_shape("cos_sin_cache", cos_sin_cache, (None, head_dim))
     check_shape("positions", positions, (num_tokens,))
     check_same_dtype("q", q, k=k)
-    check_same_device(
-        "q", q, k=k, q_weight=q_weight, k_weight=k_weight, cos_sin_cache=cos_sin_cache, positions=positions
-    )
+    check_same_device("q", q, k=k, cos_sin_cache=cos_sin_cache, positions=positions)
     check_last_dim_contiguous("q", q)
     check_last_dim_contiguous("k", k)
-    for name, tensor in (("q_weight", q_weight), ("k_weight", k_weight), ("cos_sin_cache", cos_sin_cache),
-                         ("positions", positions)):
+    for name, tensor in (("cos_sin_cache", cos_sin_cache), ("positions", positions)):
         check_contiguous(name, tensor)
     if head_dim < 2 or head_dim & (head_dim - 1):
         raise ValueError(f"head_dim must be a power of two >= 2, got {head_dim}")
@@ -162,13 +160,16 @@ def qk_norm_rope_(
     if num_tokens == 0:
         return
 
+    # Without a norm the weight pointers are never read; pass q so the kernel gets valid pointers.
+    q_weight_arg = q_weight if q_weight is not None else q
+    k_weight_arg = k_weight if k_weight is not None else q
     num_q_programs = triton.cdiv(num_q_heads, heads_per_program)
     num_kv_programs = triton.cdiv(num_kv_heads, heads_per_program)
     _qk_norm_rope_kernel[(num_tokens, num_q_programs + num_kv_programs)](
         q,
         k,
-        q_weight,
-        k_weight,
+        q_weight_arg,
+        k_weight_arg,
         cos_sin_cache,
         positions,
         q.stride(0),
@@ -181,5 +182,24 @@ def qk_norm_rope_(
         eps,
         HALF_DIM=head_dim // 2,
         HEADS_PER_PROGRAM=heads_per_program,
+        APPLY_NORM=apply_norm,
         num_warps=num_warps,
     )
+
+
+def rope_(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> None:
+    """Rotate-half RoPE on q and k in place, without the per-head norm (Llama, Qwen2)."""
+    qk_norm_rope_(q, k, None, None, cos_sin_cache, positions, 1e-6)
+
+
+def _check_norm_weights(q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, head_dim: int) -> bool:
+    """Whether the norm applies: both weights given ([head_dim] each) or neither."""
+    if q_weight is None and k_weight is None:
+        return False
+    if q_weight is None or k_weight is None:
+        raise ValueError("q_weight and k_weight must both be given (norm + RoPE) or both be None (RoPE only)")
+    for name, weight in (("q_weight", q_weight), ("k_weight", k_weight)):
+        check_tensor(name, weight, ndim=1, dtypes=FLOAT_DTYPES)
+        check_shape(name, weight, (head_dim,))
+        check_contiguous(name, weight)
+    return True

@@ -1,0 +1,87 @@
+"""Paged attention for one step: the prefill kernel for mixed steps, the decode kernel when every
+sequence brings exactly one query.
+
+`PagedAttention` is built once per engine and owns the decode workspace, so no call allocates
+it. Each step gets a `StepAttention` that holds views of the step's metadata (persistent device
+buffers of `fast.input_batch.InputBatch`); the model calls `attend` once per layer.
+
+The decode kernel's split size is fixed per engine and its split count comes from
+max_model_len, never from the batch: the reduction over splits is then the same for a token in
+a CUDA-graph replay and in an eager step (padding splits carry zero weight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from fast.kernels.decode_attention import decode_attention, decode_workspace
+from fast.kernels.prefill_attention import prefill_attention
+
+# Keys per decode split: 512 keys x 128 dims is 128 KiB of bf16 K and V per program, enough work
+# to amortise a split's fixed cost (query load, partial write) while a batch-1 decode over a
+# few thousand keys still spreads over several programs per KV head.
+DECODE_SPLIT_SIZE = 512
+
+
+@dataclass(frozen=True)
+class StepMetadata:
+    """Device views describing one step's sequences (see fast.input_batch)."""
+
+    is_decode: bool  # every sequence has one query token: the decode kernel runs
+    num_seqs: int
+    max_query_len: int  # host-known, sizes the prefill grid
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
+    seq_lens: torch.Tensor  # int32 [num_seqs]: keys each sequence attends to, its new ones included
+    cu_seqlens_q: torch.Tensor  # int32 [num_seqs + 1]: query offsets into the flattened batch
+
+
+class PagedAttention:
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, max_num_seqs: int, max_model_len: int,
+        device: torch.device,
+    ) -> None:
+        self.scale = float(head_dim**-0.5)
+        self.max_model_len = max_model_len
+        self.split_size = DECODE_SPLIT_SIZE
+        num_splits = triton.cdiv(max_model_len, self.split_size)
+        self.workspace = decode_workspace(max_num_seqs, num_heads, num_splits, head_dim, device)
+
+    def for_step(self, metadata: StepMetadata) -> "StepAttention":
+        return StepAttention(self, metadata)
+
+
+class StepAttention:
+    """What one forward pass's layers call: attention of the step's queries over their caches."""
+
+    def __init__(self, backend: PagedAttention, metadata: StepMetadata) -> None:
+        self.backend = backend
+        self.metadata = metadata
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D] (rows may be strided) -> [T, H, D] contiguous."""
+        meta, backend = self.metadata, self.backend
+        if meta.is_decode:
+            return decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                backend.scale,
+                backend.max_model_len,
+                split_size=backend.split_size,
+                workspace=backend.workspace,
+            )
+        return prefill_attention(
+            q,
+            meta.cu_seqlens_q,
+            meta.seq_lens,
+            meta.block_tables,
+            k_cache,
+            v_cache,
+            backend.scale,
+            meta.max_query_len,
+        )

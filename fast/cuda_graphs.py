@@ -1,0 +1,63 @@
+"""CUDA graphs of the decode step, one per batch size, replayed instead of launching each kernel.
+
+Sizes: 1, 2, 4, 8, then every 8 up to the largest decode batch (max_num_seqs, or the token
+budget if smaller), that largest size included even when it is not a multiple of 8. They are
+captured largest first into one shared memory pool, so smaller graphs reuse the larger ones'
+memory. A batch of n requests replays the smallest captured size >= n; rows n.. are padding
+(token 0 at position 0, slot -1 so nothing is stored, seq_len 1 over the padding block), which
+`InputBatch.load(..., pad_to=size)` writes anew every step, so no stale row of an earlier,
+larger batch can leak into a later one.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+import torch
+
+# forward(batch_size) -> logits [batch_size, vocab]: the decode forward over the first
+# batch_size rows of the persistent input buffers.
+DecodeForward = Callable[[int], torch.Tensor]
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, 16, 24, ... up to max_batch, max_batch included."""
+    sizes = {size for size in (1, 2, 4, 8) if size <= max_batch}
+    sizes.update(range(16, max_batch + 1, 8))
+    sizes.add(max_batch)
+    return sorted(sizes)
+
+
+class DecodeGraphs:
+    def __init__(self, max_batch: int) -> None:
+        self.sizes = graph_batch_sizes(max_batch)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+
+    @property
+    def max_batch(self) -> int:
+        return self.sizes[-1]
+
+    def size_for(self, num_seqs: int) -> int:
+        """The smallest captured batch size that holds num_seqs rows."""
+        return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+
+    def capture(self, prepare_padding: Callable[[int], None], forward: DecodeForward) -> None:
+        """prepare_padding(size) fills the inputs with `size` padding rows; forward runs the step."""
+        pool = None
+        for size in reversed(self.sizes):
+            prepare_padding(size)
+            forward(size)  # warm-up: Triton compiles and autotunes outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._outputs[size] = forward(size)
+            pool = graph.pool()
+            self._graphs[size] = graph
+        torch.cuda.synchronize()
+
+    def replay(self, size: int) -> torch.Tensor:
+        """Logits [size, vocab] of the captured step, computed from the inputs' current contents."""
+        self._graphs[size].replay()
+        return self._outputs[size]

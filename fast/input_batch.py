@@ -1,0 +1,152 @@
+"""One step's inputs: from the scheduler's plan into persistent device buffers with one copy.
+
+The host side fills a flat int32 staging buffer (pinned on CUDA) with the step's sections packed
+back to back, then one non-blocking copy moves the used prefix to a device staging buffer, and
+small device copies place each section into its persistent, typed buffer:
+
+    section        device buffer                                        dtype
+    token ids      token_ids[:T]                                        int64
+    positions      positions[:T]                                        int64
+    slots          slots[:T] (-1: padding row, nothing stored)          int64
+    logit rows     logit_indices[:R]                                    int64
+    seq lens       seq_lens[:S] (keys per sequence, new ones included)  int32
+    query offsets  cu_seqlens_q[:S + 1]                                 int32
+    block tables   block_tables[:S, :W] (W: widest table this step)     int32
+
+Worked example, block_size 4: request A prefills tokens 0..5 (table [7, 2]), request B decodes
+its token 9 (table [0, 5, 3]). T = 7, S = 2, W = 3:
+    positions 0 1 2 3 4 5 9;  slots 28 29 30 31 8 9 13  (B: block 3 -> id 3 * 4 + 9 % 4 = 13)
+    seq_lens [6, 10];  cu_seqlens_q [0, 6, 7];  block_tables [[7, 2, ?], [0, 5, 3]]
+Columns past a sequence's own blocks keep stale values: the kernels never read past seq_lens.
+
+Buffers are allocated once, for the largest step (max_num_batched_tokens tokens, max_num_seqs
+sequences, max_model_len keys each), so CUDA graphs can capture views of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class SequenceInput:
+    """One scheduled chunk: `token_ids` at positions start.., its request's whole block table."""
+
+    token_ids: Sequence[int]
+    start: int
+    block_table: Sequence[int]
+    logit_offsets: Sequence[int]  # chunk-relative rows whose logits are wanted, in order
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Host-known facts of a loaded step."""
+
+    num_tokens: int
+    num_seqs: int
+    num_logit_rows: int
+    max_query_len: int
+    is_decode: bool  # every sequence has exactly one query token
+
+
+class InputBatch:
+    def __init__(
+        self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
+        padding_block: int, device: torch.device,
+    ) -> None:
+        self.block_size = block_size
+        self.padding_block = padding_block
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.max_num_tokens = max_num_tokens
+        self.max_num_seqs = max_num_seqs
+        capacity = 4 * max_num_tokens + 2 * max_num_seqs + 1 + max_num_seqs * max_blocks_per_seq
+        pin = device.type == "cuda"
+        self._host = torch.zeros(capacity, dtype=torch.int32, pin_memory=pin)
+        self._host_view = self._host.numpy()
+        self._staging = torch.zeros(capacity, dtype=torch.int32, device=device)
+        self.token_ids = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
+        self.slots = torch.full((max_num_tokens,), -1, dtype=torch.int64, device=device)
+        self.logit_indices = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(max_num_seqs, dtype=torch.int32, device=device)
+        self.cu_seqlens_q = torch.zeros(max_num_seqs + 1, dtype=torch.int32, device=device)
+        self.block_tables = torch.full((max_num_seqs, max_blocks_per_seq), padding_block, dtype=torch.int32,
+                                       device=device)
+
+    def load(self, sequences: Sequence[SequenceInput], pad_to: int | None = None) -> StepShape:
+        """Fill the buffers for these sequences; with pad_to, append decode padding rows up to that many
+        sequences (token 0 at position 0, slot -1, seq_len 1, block table -> the padding block)."""
+        num_real = len(sequences)
+        num_seqs = pad_to if pad_to is not None else num_real
+        query_lens = [len(s.token_ids) for s in sequences] + [1] * (num_seqs - num_real)
+        num_tokens = sum(query_lens)
+        num_logits = sum(len(s.logit_offsets) for s in sequences)
+        width = max((len(s.block_table) for s in sequences), default=1)
+        self._check_fits(num_tokens, num_seqs, width)
+
+        host = self._host_view
+        tokens, positions, slots, logits, seq_lens, cu_seqlens, tables = self._sections(
+            host, num_tokens, num_logits, num_seqs, width
+        )
+        tables[:] = self.padding_block
+        cursor, logit_cursor = 0, 0
+        cu_seqlens[0] = 0
+        for index, seq in enumerate(sequences):
+            length = len(seq.token_ids)
+            span = slice(cursor, cursor + length)
+            tokens[span] = seq.token_ids
+            chunk_positions = np.arange(seq.start, seq.start + length, dtype=np.int32)
+            positions[span] = chunk_positions
+            table = np.asarray(seq.block_table, dtype=np.int32)
+            slots[span] = table[chunk_positions // self.block_size] * self.block_size + chunk_positions % self.block_size
+            tables[index, : len(table)] = table
+            seq_lens[index] = seq.start + length
+            for offset in seq.logit_offsets:
+                logits[logit_cursor] = cursor + offset
+                logit_cursor += 1
+            cursor += length
+            cu_seqlens[index + 1] = cursor
+        padding = slice(cursor, num_tokens)
+        tokens[padding], positions[padding], slots[padding] = 0, 0, -1
+        seq_lens[num_real:] = 1
+        cu_seqlens[num_real + 1 :] = np.arange(cursor + 1, num_tokens + 1, dtype=np.int32)
+        self._upload(num_tokens, num_logits, num_seqs, width)
+        return StepShape(num_tokens, num_seqs, num_logits, max(query_lens, default=0), max(query_lens, default=0) == 1)
+
+    def _check_fits(self, num_tokens: int, num_seqs: int, width: int) -> None:
+        if num_tokens > self.max_num_tokens or num_seqs > self.max_num_seqs or width > self.max_blocks_per_seq:
+            raise ValueError(
+                f"step of {num_tokens} tokens, {num_seqs} sequences, {width} blocks per table exceeds the input "
+                f"buffers ({self.max_num_tokens}, {self.max_num_seqs}, {self.max_blocks_per_seq})"
+            )
+
+    @staticmethod
+    def _sections(
+        flat: np.ndarray, num_tokens: int, num_logits: int, num_seqs: int, width: int
+    ) -> tuple[np.ndarray, ...]:
+        """Views of the packed sections, in upload order."""
+        sizes = (num_tokens, num_tokens, num_tokens, num_logits, num_seqs, num_seqs + 1, num_seqs * width)
+        views, offset = [], 0
+        for size in sizes:
+            views.append(flat[offset : offset + size])
+            offset += size
+        views[-1] = views[-1].reshape(num_seqs, width)
+        return tuple(views)
+
+    def _upload(self, num_tokens: int, num_logits: int, num_seqs: int, width: int) -> None:
+        used = 3 * num_tokens + num_logits + 2 * num_seqs + 1 + num_seqs * width
+        self._staging[:used].copy_(self._host[:used], non_blocking=True)
+        tokens, positions, slots, logits, seq_lens, cu_seqlens, tables = self._sections(
+            self._staging, num_tokens, num_logits, num_seqs, width
+        )
+        self.token_ids[:num_tokens].copy_(tokens)
+        self.positions[:num_tokens].copy_(positions)
+        self.slots[:num_tokens].copy_(slots)
+        self.logit_indices[:num_logits].copy_(logits)
+        self.seq_lens[:num_seqs].copy_(seq_lens)
+        self.cu_seqlens_q[: num_seqs + 1].copy_(cu_seqlens)
+        self.block_tables[:num_seqs, :width].copy_(tables)

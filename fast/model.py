@@ -1,0 +1,112 @@
+"""Qwen3 / Llama / Qwen2 decoder on the fast engine's Triton kernels plus torch matmuls.
+
+One forward pass over a flattened batch of T tokens (prefill chunks and decode tokens mixed):
+
+    hidden [T, hidden] = embed(token_ids)
+    per layer:  x, residual = add_rmsnorm(hidden, residual)          (residual carried, fused add)
+                qkv [T, (H + 2 Hkv) * D] = x @ W_qkv^T (+ bias)       (one fused matmul)
+                q [T, H, D], k, v [T, Hkv, D] = views into qkv
+                q, k <- (per-head RMSNorm, Qwen3) + RoPE, in place     (qk_norm_rope_)
+                store_kv(k, v -> paged cache at slots)
+                attn [T, H, D] = paged attention (prefill kernel, or the decode kernel when every
+                                 sequence has one query)
+                hidden = attn @ W_o^T;  x, residual = add_rmsnorm(hidden, residual)
+                hidden = silu_and_mul(x @ W_gate_up^T) @ W_down^T
+    logits [R, vocab] fp32 = final_norm(hidden + residual)[logit rows] @ W_lm_head^T
+
+The architectures differ only by `ModelConfig.traits` (q/k norm; which projections carry biases).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional
+
+from fast.attention import StepAttention
+from fast.kernels.add_rmsnorm import add_rmsnorm, rmsnorm
+from fast.kernels.kv_store import store_kv
+from fast.kernels.qk_norm_rope import qk_norm_rope_
+from fast.kernels.silu_and_mul import silu_and_mul
+from fast.kv_cache import KVCache
+from fast.weights import LayerWeights, ModelWeights
+from spec.model_config import ModelConfig
+from spec.rope import cos_sin_cache
+
+
+class FastCausalLM:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, max_positions: int, device: torch.device) -> None:
+        self.config = config
+        self.weights = weights
+        self.eps = float(config.rms_norm_eps)
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        # fp32 [max_positions, head_dim]: cos | sin halves, RoPE scaling and attention factor applied.
+        self.cos_sin = cos_sin_cache(config, max_positions).to(device)
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        attention: StepAttention,
+        cache: KVCache,
+        logit_indices: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """fp32 logits [R, vocab] for the rows in logit_indices (all rows when None).
+
+        token_ids, positions, slots: int64 [T]; slots < 0 are padding rows (nothing stored).
+        """
+        hidden = functional.embedding(token_ids, self.weights.embed_tokens)
+        residual: torch.Tensor | None = None
+        for index, layer in enumerate(self.weights.layers):
+            hidden, residual = self._layer(index, layer, hidden, residual, positions, slots, attention, cache)
+        if logit_indices is not None:
+            hidden, residual = hidden[logit_indices], residual[logit_indices] if residual is not None else None
+        normed, _ = add_rmsnorm(hidden, residual, self.weights.final_norm, self.eps)
+        return functional.linear(normed, self.weights.lm_head).to(torch.float32)
+
+    def _layer(
+        self,
+        index: int,
+        layer: LayerWeights,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        attention: StepAttention,
+        cache: KVCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:  # first layer: the residual stream starts as the embedding
+            residual = hidden
+            normed = rmsnorm(hidden, layer.input_norm, self.eps)
+        else:
+            normed, residual = add_rmsnorm(hidden, residual, layer.input_norm, self.eps)
+        attn_out = self._attention(index, layer, normed, positions, slots, attention, cache)
+        hidden = functional.linear(attn_out, layer.o_proj, layer.o_proj_bias)
+        normed, residual = add_rmsnorm(hidden, residual, layer.post_attention_norm, self.eps)
+        gate_up = functional.linear(normed, layer.gate_up, layer.gate_up_bias)
+        return functional.linear(silu_and_mul(gate_up), layer.down, layer.down_bias), residual
+
+    def _attention(
+        self,
+        index: int,
+        layer: LayerWeights,
+        normed: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        attention: StepAttention,
+        cache: KVCache,
+    ) -> torch.Tensor:
+        """[T, H * D]: q/k/v projection, norm + RoPE, KV store, paged attention."""
+        num_tokens = normed.shape[0]
+        q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        qkv = functional.linear(normed, layer.qkv, layer.qkv_bias)  # [T, q_width + 2 * kv_width]
+        q = qkv[:, :q_width].view(num_tokens, self.num_heads, self.head_dim)
+        k = qkv[:, q_width : q_width + kv_width].view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = qkv[:, q_width + kv_width :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        qk_norm_rope_(q, k, layer.q_norm, layer.k_norm, self.cos_sin, positions, self.eps)
+        k_cache, v_cache = cache.layer(index)
+        store_kv(k, v, k_cache, v_cache, slots)
+        out = attention.attend(q, k_cache, v_cache)
+        return out.view(num_tokens, q_width)

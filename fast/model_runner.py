@@ -1,0 +1,183 @@
+"""Owns the fast model on its device: weights, KV pool, input buffers, attention, CUDA graphs.
+
+`run(sequences)` computes one step's logits, only for the rows that sample (and the prompt rows
+whose logprobs were asked for): eagerly for mixed steps, from a captured graph for decode steps.
+
+On a GPU with `EngineConfig.num_blocks` None, the KV pool is sized from free memory: a warm-up
+forward of a full token budget (max_num_batched_tokens in one chunk) measures the activation
+peak, and the pool takes what `gpu_memory_utilization` leaves after weights and that peak.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+import triton
+
+from fast.attention import PagedAttention, StepMetadata
+from fast.cuda_graphs import DecodeGraphs
+from fast.input_batch import InputBatch, SequenceInput, StepShape
+from fast.kv_cache import KVCache
+from fast.model import FastCausalLM
+from fast.weights import pack_weights
+from spec.engine_config import EngineConfig
+from spec.errors import ConfigError
+from spec.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        state_dict: dict[str, torch.Tensor],
+        engine_config: EngineConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.model_config = model_config
+        self.device = device
+        self.dtype = dtype
+        settings = engine_config.resolved(model_config)  # its pool size is provisional until measured
+        self.block_size = settings.block_size
+        self.max_blocks_per_seq = triton.cdiv(settings.model_len, settings.block_size)
+        # Every sequence in a step brings at least one token, and at most max_num_seqs run.
+        self.max_step_seqs = min(settings.max_num_seqs, settings.max_num_batched_tokens)
+        self.model = FastCausalLM(
+            model_config, pack_weights(model_config, state_dict, dtype, device), settings.model_len, device
+        )
+        self.attention = PagedAttention(
+            model_config.num_attention_heads, model_config.num_key_value_heads, model_config.head_dim,
+            self.max_step_seqs, settings.model_len, device,
+        )
+        self.config = engine_config.resolved(model_config, self._pool_blocks(engine_config, settings))
+        self.cache = self._make_cache(self.config.pool_blocks)
+        self.inputs = InputBatch(
+            settings.max_num_batched_tokens, self.max_step_seqs, self.max_blocks_per_seq, self.block_size,
+            self.cache.padding_block, device,
+        )
+        self.graphs: DecodeGraphs | None = None
+        if device.type == "cuda" and self.config.enable_cuda_graphs:
+            self.graphs = DecodeGraphs(self.max_step_seqs)
+            self.graphs.capture(self._load_padding, self._decode_forward)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, sequences: list[SequenceInput]) -> torch.Tensor:
+        """fp32 logits [R, vocab]: the sequences' logit rows, in order."""
+        is_decode = all(len(s.token_ids) == 1 and len(s.logit_offsets) == 1 for s in sequences)
+        if self.graphs is not None and is_decode and len(sequences) <= self.graphs.max_batch:
+            size = self.graphs.size_for(len(sequences))
+            self.inputs.load(sequences, pad_to=size)
+            return self.graphs.replay(size)[: len(sequences)]
+        shape = self.inputs.load(sequences)
+        inputs = self.inputs
+        return self.model.forward(
+            inputs.token_ids[: shape.num_tokens],
+            inputs.positions[: shape.num_tokens],
+            inputs.slots[: shape.num_tokens],
+            self.attention.for_step(self._metadata(shape)),
+            self.cache,
+            inputs.logit_indices[: shape.num_logit_rows],
+        )
+
+    def _metadata(self, shape: StepShape) -> StepMetadata:
+        inputs = self.inputs
+        return StepMetadata(
+            is_decode=shape.is_decode,
+            num_seqs=shape.num_seqs,
+            max_query_len=shape.max_query_len,
+            block_tables=inputs.block_tables[: shape.num_seqs],
+            seq_lens=inputs.seq_lens[: shape.num_seqs],
+            cu_seqlens_q=inputs.cu_seqlens_q[: shape.num_seqs + 1],
+        )
+
+    # -- CUDA graphs -----------------------------------------------------------------------------
+
+    def _load_padding(self, size: int) -> None:
+        self.inputs.load([], pad_to=size)
+
+    def _decode_forward(self, size: int) -> torch.Tensor:
+        metadata = self._metadata(StepShape(size, size, size, 1, True))
+        inputs = self.inputs
+        return self.model.forward(
+            inputs.token_ids[:size], inputs.positions[:size], inputs.slots[:size],
+            self.attention.for_step(metadata), self.cache, None,
+        )
+
+    # -- memory ------------------------------------------------------------------------------------
+
+    def _make_cache(self, num_blocks: int) -> KVCache:
+        config = self.model_config
+        return KVCache(config.num_hidden_layers, num_blocks, self.block_size, config.num_key_value_heads,
+                       config.head_dim, self.dtype, self.device)
+
+    def _pool_blocks(self, requested: EngineConfig, settings: EngineConfig) -> int | None:
+        """The pool size: as requested, or measured from free GPU memory. None on CPU (the default)."""
+        if self.device.type != "cuda":
+            return None
+        affordable = self._affordable_blocks(settings)
+        wanted = requested.num_blocks if requested.num_blocks is not None else affordable
+        if wanted > affordable:
+            raise ConfigError(
+                f"num_blocks {wanted} does not fit in GPU memory: gpu_memory_utilization "
+                f"{settings.gpu_memory_utilization} leaves room for {affordable} blocks after weights and activations"
+            )
+        needed = triton.cdiv(settings.model_len, settings.block_size)
+        if requested.num_blocks is None and affordable < needed:
+            raise ConfigError(
+                f"the KV pool fits {affordable} blocks ({affordable * settings.block_size} tokens) in "
+                f"gpu_memory_utilization {settings.gpu_memory_utilization}, less than one request of max_model_len "
+                f"{settings.model_len} needs ({needed} blocks); lower max_model_len or raise gpu_memory_utilization"
+            )
+        return wanted
+
+    def _affordable_blocks(self, settings: EngineConfig) -> int:
+        """Blocks that fit in gpu_memory_utilization after weights and a full-budget warm-up forward."""
+        config = self.model_config
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        warmup_blocks = triton.cdiv(settings.max_num_batched_tokens, settings.block_size)
+        self._warmup(replace(settings, num_blocks=warmup_blocks))
+        peak = torch.cuda.max_memory_allocated(self.device)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        block_bytes = KVCache.bytes_per_block(config.num_hidden_layers, settings.block_size,
+                                              config.num_key_value_heads, config.head_dim, self.dtype)
+        warmup_cache_bytes = (warmup_blocks + 1) * block_bytes
+        activation_peak = max(0, peak - before - warmup_cache_bytes)
+        used = total - free  # weights, CUDA context, other processes
+        budget = total * settings.gpu_memory_utilization - used - activation_peak
+        blocks = int(budget // block_bytes) - 1  # one block is the padding block
+        logger.info("KV pool: %d blocks (%.2f GiB); activation peak %.2f GiB", blocks,
+                    blocks * block_bytes / 2**30, activation_peak / 2**30)
+        return max(0, blocks)
+
+    @torch.inference_mode()
+    def _warmup(self, settings: EngineConfig) -> None:
+        """One forward of max_num_batched_tokens tokens in a single chunk, on a throwaway cache."""
+        cache = self._make_cache(settings.pool_blocks)
+        inputs = InputBatch(settings.max_num_batched_tokens, 1, settings.pool_blocks, self.block_size,
+                            cache.padding_block, self.device)
+        num_tokens = min(settings.max_num_batched_tokens, settings.model_len)
+        sequence = SequenceInput([0] * num_tokens, 0, list(range(triton.cdiv(num_tokens, self.block_size))),
+                                 [num_tokens - 1])
+        shape = inputs.load([sequence])
+        attention = PagedAttention(self.model_config.num_attention_heads, self.model_config.num_key_value_heads,
+                                   self.model_config.head_dim, 1, settings.model_len, self.device)
+        metadata = StepMetadata(False, 1, shape.max_query_len, inputs.block_tables[:1], inputs.seq_lens[:1],
+                                inputs.cu_seqlens_q[:2])
+        self.model.forward(inputs.token_ids[:num_tokens], inputs.positions[:num_tokens], inputs.slots[:num_tokens],
+                           attention.for_step(metadata), cache, inputs.logit_indices[:1])
+        # The sampler's peak: sorting fp32 logits of a full decode batch (top-k / top-p filters).
+        logits = torch.zeros((self.max_step_seqs, self.model_config.vocab_size), dtype=torch.float32,
+                             device=self.device)
+        torch.sort(logits, dim=-1, descending=True, stable=True)
+        torch.cuda.synchronize(self.device)
+        del cache, inputs

@@ -1,0 +1,181 @@
+"""spec.sampling on the device, bit for bit, with the per-row parameters in persistent buffers.
+
+    sampler = Sampler(max_num_seqs, vocab_size, device)
+    sampler.set_rows(rows)               # one non-blocking host-to-device copy
+    tokens = sampler.sample(logits)      # int64 [B], no host sync
+    chosen, top_ids, top_values = sampler.logprobs(logits, tokens, count)
+
+Every step is one of spec.sampling's batch-wide tensor functions, so the tokens equal
+`spec.sampling.sample_tokens` on the same device. The only departures are shortcuts that give
+identical results, decided on the host from the rows (no device sync):
+* every row greedy: the argmax alone;
+* a filter no row uses is skipped (top-k off keeps every token since all are >= the smallest; top_p == 1 keeps every
+  token by the spec's rule; min_p == 0 keeps every token since exp(.) >= 0);
+* top-k reads the k-th largest value from `torch.topk` over the largest k any row asks for, not
+  from a full sort: the k-th largest value is the same number either way.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from spec.sampling import (
+    SamplingRow,
+    SamplingTensors,
+    gumbel_max,
+    greedy_one_hot,
+    greedy_tokens,
+    min_p_mask,
+    row_temperature,
+    row_top_k,
+    scale_logits,
+    top_logprobs,
+    top_p_mask,
+)
+
+
+class _Field(enum.IntEnum):
+    """Columns of the parameter buffer [max_num_seqs, len(_Field)] int64; fp32 fields are stored in the
+    low-address half of their int64 slot (the buffer viewed as fp32 has them at column 2 * field)."""
+
+    TEMPERATURE = 0
+    TOP_P = 1
+    MIN_P = 2
+    TOP_K = 3
+    SEED = 4
+    POSITION = 5
+    GREEDY = 6
+
+
+_FLOAT_FIELDS = (_Field.TEMPERATURE, _Field.TOP_P, _Field.MIN_P)
+
+
+class Sampler:
+    """Samples one token per row of fp32 logits [B, V] by spec.sampling's rules, for B <= max_num_seqs."""
+
+    def __init__(self, max_num_seqs: int, vocab_size: int, device: torch.device | str) -> None:
+        if max_num_seqs < 1 or vocab_size < 1:
+            raise ValueError(f"max_num_seqs and vocab_size must be >= 1, got {max_num_seqs} and {vocab_size}")
+        self.max_num_seqs = max_num_seqs
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        pin = self.device.type == "cuda"
+        shape = (max_num_seqs, len(_Field))
+        self._host = torch.zeros(shape, dtype=torch.int64, pin_memory=pin)
+        self._host_ints = self._host.numpy()
+        self._host_floats = self._host.view(torch.float32).numpy()  # [max_num_seqs, 2 * len(_Field)]
+        self._device_buffer = torch.zeros(shape, dtype=torch.int64, device=self.device)
+        # The host buffer must not be rewritten while the previous copy from it may still be queued.
+        self._copy_done = torch.cuda.Event() if self.device.type == "cuda" else None
+        self._num_rows = 0
+        self._all_greedy = True
+        self._max_top_k = vocab_size
+        self._uses_top_k = False
+        self._uses_top_p = False
+        self._uses_min_p = False
+        self._tensors: SamplingTensors | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self._num_rows
+
+    @property
+    def all_greedy(self) -> bool:
+        return self._all_greedy
+
+    def set_rows(self, rows: list[SamplingRow]) -> None:
+        """Load the parameters of the next batch (row i samples logits row i)."""
+        count = len(rows)
+        if not 1 <= count <= self.max_num_seqs:
+            raise ValueError(f"a batch of {count} rows does not fit a sampler of max_num_seqs {self.max_num_seqs}")
+        self._num_rows = count
+        self._all_greedy = all(row.params.is_greedy for row in rows)
+        self._tensors = None
+        if self._all_greedy:
+            return
+        sampled = [row.params for row in rows if not row.params.is_greedy]
+        top_ks = [row_top_k(params, self.vocab_size) for params in sampled]
+        self._max_top_k = max(top_ks)
+        self._uses_top_k = any(k < self.vocab_size for k in top_ks)
+        self._uses_top_p = any(params.top_p < 1.0 for params in sampled)
+        self._uses_min_p = any(params.min_p > 0.0 for params in sampled)
+        self._fill_host(rows)
+        device_rows = self._device_buffer[:count]
+        device_rows.copy_(self._host[:count], non_blocking=True)
+        if self._copy_done is not None:
+            self._copy_done.record()
+        floats = device_rows.view(torch.float32)
+        self._tensors = SamplingTensors(
+            temperature=floats[:, 2 * _Field.TEMPERATURE],
+            top_k=device_rows[:, _Field.TOP_K],
+            top_p=floats[:, 2 * _Field.TOP_P],
+            min_p=floats[:, 2 * _Field.MIN_P],
+            seeds=device_rows[:, _Field.SEED],
+            positions=device_rows[:, _Field.POSITION],
+            is_greedy=device_rows[:, _Field.GREEDY].bool(),
+        )
+
+    def _fill_host(self, rows: list[SamplingRow]) -> None:
+        if self._copy_done is not None:
+            self._copy_done.synchronize()  # normally long done: the previous step's tokens were read
+        count = len(rows)
+        ints, floats = self._host_ints, self._host_floats
+        floats[:count, 2 * _Field.TEMPERATURE] = [row_temperature(row.params) for row in rows]
+        floats[:count, 2 * _Field.TOP_P] = [row.params.top_p for row in rows]
+        floats[:count, 2 * _Field.MIN_P] = [row.params.min_p for row in rows]
+        ints[:count, _Field.TOP_K] = [row_top_k(row.params, self.vocab_size) for row in rows]
+        ints[:count, _Field.SEED] = [row.seed for row in rows]
+        ints[:count, _Field.POSITION] = [row.output_position for row in rows]
+        ints[:count, _Field.GREEDY] = [row.params.is_greedy for row in rows]
+
+    def _check_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        if logits.dim() != 2 or logits.shape != (self._num_rows, self.vocab_size):
+            raise ValueError(
+                f"logits must be [{self._num_rows}, {self.vocab_size}] (the rows set last), got {tuple(logits.shape)}"
+            )
+        return logits.to(torch.float32)
+
+    def kept_mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """bool [B, V]: the tokens each row may sample (spec.sampling.kept_mask)."""
+        logits = self._check_logits(logits)
+        if self._tensors is None:
+            return greedy_one_hot(logits)
+        keep = self._filter_mask(scale_logits(logits, self._tensors.temperature))
+        return torch.where(self._tensors.is_greedy[:, None], greedy_one_hot(logits), keep)
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """int64 [B]: one token per row of fp32 logits [B, V]."""
+        logits = self._check_logits(logits)
+        argmax = greedy_tokens(logits)
+        if self._tensors is None:
+            return argmax
+        tensors = self._tensors
+        scaled = scale_logits(logits, tensors.temperature)
+        sampled = gumbel_max(scaled, self._filter_mask(scaled), tensors.seeds, tensors.positions)
+        return torch.where(tensors.is_greedy, argmax, sampled)
+
+    def logprobs(
+        self, logits: torch.Tensor, tokens: torch.Tensor, count: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logprob of each row's token [B], top ids [B, count], top logprobs [B, count]) from raw fp32 logits."""
+        return top_logprobs(logits, tokens, count)
+
+    def _filter_mask(self, scaled: torch.Tensor) -> torch.Tensor:
+        assert self._tensors is not None
+        tensors = self._tensors
+        keep = self._top_k_mask(scaled, tensors.top_k)
+        if self._uses_top_p:
+            keep &= top_p_mask(scaled, keep, tensors.top_p)
+        if self._uses_min_p:
+            keep &= min_p_mask(scaled, tensors.min_p)
+        return keep
+
+    def _top_k_mask(self, scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+        if not self._uses_top_k:
+            return torch.ones_like(scaled, dtype=torch.bool)
+        largest = torch.topk(scaled, self._max_top_k, dim=-1, sorted=True).values  # [B, max_k], descending
+        # Greedy rows may ask for more than max_top_k (taken over sampled rows); their result is the argmax.
+        kth_value = largest.gather(1, (top_k.clamp(max=self._max_top_k) - 1)[:, None])
+        return scaled >= kth_value

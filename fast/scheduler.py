@@ -1,0 +1,233 @@
+"""Continuous-batching scheduler with chunked prefill and recompute preemption, on constant-time structures.
+
+It follows the policy written in spec.scheduling step for step and makes the same decisions as
+the reference scheduler (same plans, hits, preemptions and block ids); read that docstring first.
+What differs is the bookkeeping:
+
+- the running requests are an insertion-ordered dict (admission order), so finishing or
+  preempting one is O(1) and `update` finds a chunk's request without a scan;
+- each unfinished request keeps a read-in-place view of its tokens and its block-hash chain
+  from the moment it is added: admission looks the prefix up with hashes computed once, and
+  the allocator registers full blocks from the same chain;
+- `snapshot` (the spec's state view, for invariant checks) is built only when asked for.
+
+It changes a `Request` only through its methods (spec.request's contract).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import overload
+
+from fast.block_allocator import BlockAllocator, BlockHashChain
+from spec.block_hash import HashFunction, hash_block
+from spec.engine_config import EngineConfig
+from spec.invariants import RequestState, SchedulerSnapshot
+from spec.request import FinishReason, Request, RequestStatus, finish_reason
+from spec.scheduling import ScheduledChunk, StepPlan, max_prefix_hit_blocks
+
+
+class RequestTokens(Sequence[int]):
+    """A request's prompt then output tokens, read in place: slicing copies only the slice."""
+
+    __slots__ = ("_request",)
+
+    def __init__(self, request: Request) -> None:
+        self._request = request
+
+    def __len__(self) -> int:
+        return self._request.num_tokens
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[int, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> int | tuple[int, ...]:
+        prompt, output = self._request.prompt_token_ids, self._request.output_token_ids
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(prompt) + len(output))
+            if step != 1:
+                return tuple(self[position] for position in range(start, stop, step))
+            if stop <= len(prompt):
+                return prompt[start:stop]
+            if start >= len(prompt):
+                return tuple(output[start - len(prompt) : stop - len(prompt)])
+            return prompt[start:] + tuple(output[: stop - len(prompt)])
+        position = index + len(prompt) + len(output) if index < 0 else index
+        if not 0 <= position < len(prompt) + len(output):
+            raise IndexError(f"token index {index} out of range for {len(prompt) + len(output)} tokens")
+        return prompt[position] if position < len(prompt) else output[position - len(prompt)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Tracked:
+    """What the scheduler keeps for one unfinished request."""
+
+    request: Request
+    tokens: RequestTokens
+    chain: BlockHashChain
+
+
+class Scheduler:
+    def __init__(
+        self, config: EngineConfig, eos_token_ids: Sequence[int] = (), hash_function: HashFunction = hash_block
+    ) -> None:
+        self.config = config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.allocator = BlockAllocator(
+            config.num_blocks, config.block_size, config.enable_prefix_caching, hash_function
+        )
+        self.waiting: deque[Request] = deque()
+        self._running: dict[str, Request] = {}  # admission order, oldest first
+        # Every unfinished request, whatever its queue (the invariant checks see one that falls out of both).
+        self._tracked: dict[str, _Tracked] = {}
+        self._scheduled: dict[str, int] = {}  # request id -> tokens scheduled in the current step
+        self._admission: dict[str, tuple[int, int]] = {}  # request id -> (cached tokens, tokens) at admission
+
+    @property
+    def running(self) -> list[Request]:
+        """The running requests, oldest admission first (a new list on each access)."""
+        return list(self._running.values())
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self._running)
+
+    def add(self, request: Request) -> None:
+        chain = BlockHashChain(self.config.block_size, self.allocator.hash_function)
+        self._tracked[request.request_id] = _Tracked(request, RequestTokens(request), chain)
+        self.waiting.append(request)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        self._scheduled = {}
+
+        # Preemption only ever removes the newest running requests, so the prefix of this list
+        # up to len(self._running) stays exactly the running set.
+        in_admission_order = list(self._running.values())
+        index = 0
+        while index < len(self._running) and budget > 0:
+            request = in_admission_order[index]
+            num_tokens = min(request.num_uncomputed_tokens, budget)
+            if not self._grow_or_preempt(request, request.num_computed_tokens + num_tokens, preempted):
+                break
+            chunks.append(self._chunk(request, num_tokens))
+            budget -= num_tokens
+            index += 1
+
+        admitted: list[str] = []
+        if not preempted:
+            while self.waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+                request = self.waiting[0]
+                num_tokens = self._try_admit(self._tracked[request.request_id], budget)
+                if num_tokens is None:
+                    break
+                self.waiting.popleft()
+                self._running[request.request_id] = request
+                admitted.append(request.request_id)
+                chunks.append(self._chunk(request, num_tokens))
+                budget -= num_tokens
+        return StepPlan(chunks=tuple(chunks), preempted=tuple(preempted), admitted=tuple(admitted))
+
+    def _grow_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
+        """Cover `num_tokens` of `request`, preempting the newest running requests if needed.
+        False when `request` itself had to be preempted."""
+        while not self.allocator.allocate_slots(request.request_id, num_tokens):
+            _, victim = self._running.popitem()  # the most recently admitted
+            self.allocator.free(victim.request_id)
+            victim.preempt()
+            self._admission.pop(victim.request_id, None)
+            self.waiting.appendleft(victim)
+            preempted.append(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _try_admit(self, tracked: _Tracked, budget: int) -> int | None:
+        """Admit the head of the waiting queue if the pool allows; the number of tokens scheduled."""
+        request, block_size = tracked.request, self.config.block_size
+        total_tokens = request.num_tokens
+        max_hit_blocks = max_prefix_hit_blocks(total_tokens, block_size, request.params.prompt_logprobs is not None)
+        hit_blocks = self.allocator.cached_prefix(tracked.tokens, max_hit_blocks, tracked.chain)
+        num_cached = len(hit_blocks) * block_size
+        num_tokens = min(total_tokens - num_cached, budget)
+        if not self.allocator.can_admit(num_cached + num_tokens, hit_blocks):
+            return None
+        self.allocator.admit(request.request_id, hit_blocks, tracked.chain)
+        if not self.allocator.allocate_slots(request.request_id, num_cached + num_tokens):
+            raise RuntimeError("allocator refused blocks that can_admit promised")
+        request.admit(num_cached)
+        self._admission[request.request_id] = (num_cached, total_tokens)
+        return num_tokens
+
+    def _chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
+        self._scheduled[request.request_id] = num_tokens
+        start = request.num_computed_tokens
+        return ScheduledChunk(
+            request_id=request.request_id,
+            start=start,
+            num_tokens=num_tokens,
+            samples=start + num_tokens == request.num_tokens,
+        )
+
+    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
+        """Apply a step's results: computed counts, prefix-cache registration, new tokens, finishes.
+        `sampled` maps each sampling chunk's request id to its new token. Returns finished requests."""
+        finished: list[Request] = []
+        for chunk in plan.chunks:
+            request = self._running[chunk.request_id]
+            old_computed = request.num_computed_tokens
+            request.advance_computed(chunk.num_tokens)
+            tokens = self._tracked[chunk.request_id].tokens
+            self.allocator.commit_tokens(chunk.request_id, tokens, old_computed, request.num_computed_tokens)
+            if chunk.samples:
+                request.append_token(sampled[chunk.request_id])
+                reason = finish_reason(request, self.eos_token_ids, self.config.model_len)
+                if reason is not None:
+                    self._finish(request, reason)
+                    finished.append(request)
+        self._scheduled = {}
+        return finished
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        if request.status is RequestStatus.RUNNING:
+            del self._running[request.request_id]
+            self.allocator.free(request.request_id)
+        else:
+            self.waiting.remove(request)
+        self._admission.pop(request.request_id, None)
+        self._tracked.pop(request.request_id, None)
+        request.finish(reason)
+
+    def abort(self, request: Request) -> None:
+        self._finish(request, FinishReason.ABORT)
+
+    # -- inspection --------------------------------------------------------------------------
+
+    def snapshot(self) -> SchedulerSnapshot:
+        requests = {}
+        for request_id, tracked in self._tracked.items():
+            request = tracked.request
+            cached, tokens = self._admission.get(request_id, (0, request.num_tokens))
+            requests[request_id] = RequestState(
+                request_id=request_id,
+                token_ids=tuple(tracked.tokens[:]),
+                num_computed_tokens=request.num_computed_tokens,
+                num_scheduled_tokens=self._scheduled.get(request_id, 0),
+                cached_tokens_at_admission=cached,
+                tokens_at_admission=tokens,
+            )
+        return SchedulerSnapshot(
+            config=self.config,
+            waiting=tuple(r.request_id for r in self.waiting),
+            running=tuple(self._running),
+            requests=requests,
+            allocator=self.allocator.snapshot(),
+        )

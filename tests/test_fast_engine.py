@@ -1,0 +1,194 @@
+"""The fast engine (Triton kernels through the CPU interpreter, fp32) against the reference engine
+and transformers: identical greedy tokens and top-5 logprobs within 1e-4 on the differential cases,
+with the scheduling decisions (plans, prefix hits, preemptions) identical to the reference's.
+
+Sequences are short (16 new tokens): the interpreter costs about a second per decode step of the
+tiny model. Longer runs, bf16 and the 0.6B shape run on the GPU (tests/test_fast_gpu.py).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from reports.differential import hf_greedy_trace, trace_from_output
+from reports.tiny_model import TinyModelShape, write_tiny_model
+from spec.agreement import Trace, compare_traces
+from spec.checkpoint import load_model_config, load_state_dict
+from spec.engine_config import EngineConfig
+from spec.request import RequestOutput
+from spec.sampling_params import SamplingParams
+from spec.scheduling import StepPlan
+from tests.engines import build_engine
+
+pytestmark = pytest.mark.differential
+
+MAX_NEW_TOKENS = 16
+TOP_K = 5
+BLOCK_SIZE = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True, logprobs=TOP_K)
+
+_rng = random.Random(4321)
+
+
+def _prompt(length: int) -> list[int]:
+    return [_rng.randrange(384) for _ in range(length)]
+
+
+# 1 token, exactly a block, one past, several blocks.
+MIXED_PROMPTS = [_prompt(n) for n in (1, BLOCK_SIZE, BLOCK_SIZE + 1, 3 * BLOCK_SIZE + 3)]
+SHARED_PREFIX = _prompt(3 * BLOCK_SIZE + 2)  # 3 full blocks + 2
+PREFIX_PROMPTS = [SHARED_PREFIX + _prompt(n) for n in (1, 5, 9)]
+
+
+@pytest.fixture(scope="module")
+def hf_traces(hf_model: torch.nn.Module):
+    cache: dict[tuple[int, ...], Trace] = {}
+
+    def trace(prompt: list[int]) -> Trace:
+        if tuple(prompt) not in cache:
+            cache[tuple(prompt)] = hf_greedy_trace(hf_model, prompt, MAX_NEW_TOKENS, TOP_K)
+        return cache[tuple(prompt)]
+
+    return trace
+
+
+@pytest.fixture
+def twins(tiny_weights):
+    """(fast, reference) engines over the tiny Qwen3 with the same settings and invariant checks on."""
+
+    def build(**settings: object):
+        config, state_dict = tiny_weights
+        engine_config = EngineConfig(check_invariants=True, **settings)  # type: ignore[arg-type]
+        return (build_engine("fast", config, state_dict, engine_config),
+                build_engine("reference", config, state_dict, engine_config))
+
+    return build
+
+
+def record_plans(engine) -> list[StepPlan]:
+    plans: list[StepPlan] = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule() -> StepPlan:
+        plan = schedule()
+        plans.append(plan)
+        return plan
+
+    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    return plans
+
+
+def assert_three_way(
+    fast_outputs: list[RequestOutput], reference_outputs: list[RequestOutput], prompts: list[list[int]], hf_traces
+) -> None:
+    for fast, reference, prompt in zip(fast_outputs, reference_outputs, prompts, strict=True):
+        assert list(fast.prompt_token_ids) == prompt
+        assert len(fast.token_ids) == MAX_NEW_TOKENS
+        for baseline_name, baseline in (("hf", hf_traces(prompt)), ("reference", trace_from_output(reference))):
+            comparison = compare_traces(trace_from_output(fast), baseline, logprob_tolerance=1e-4)
+            assert comparison.agree, f"fast vs {baseline_name}, prompt of {len(prompt)} tokens: {comparison}"
+        assert fast.num_cached_prompt_tokens == reference.num_cached_prompt_tokens
+
+
+def run_twins(fast, reference, prompts, params=GREEDY):
+    fast_plans, reference_plans = record_plans(fast), record_plans(reference)
+    fast_outputs, reference_outputs = fast.generate(prompts, params), reference.generate(prompts, params)
+    assert fast_plans == reference_plans, "the fast scheduler decided differently from the reference"
+    return fast_outputs, reference_outputs, fast_plans
+
+
+def test_mixed_lengths_in_one_batch(twins, hf_traces) -> None:
+    fast, reference = twins(block_size=BLOCK_SIZE, num_blocks=64)
+    fast_outputs, reference_outputs, plans = run_twins(fast, reference, MIXED_PROMPTS)
+    assert_three_way(fast_outputs, reference_outputs, MIXED_PROMPTS, hf_traces)
+    assert max(len(plan.chunks) for plan in plans) == len(MIXED_PROMPTS), "prompts were not batched together"
+
+
+def test_prefix_hits_submitted_together(twins, hf_traces) -> None:
+    fast, reference = twins(block_size=BLOCK_SIZE, num_blocks=64, max_num_seqs=1)
+    fast_outputs, reference_outputs, _ = run_twins(fast, reference, PREFIX_PROMPTS)
+    assert_three_way(fast_outputs, reference_outputs, PREFIX_PROMPTS, hf_traces)
+    assert [o.num_cached_prompt_tokens for o in fast_outputs] == [0, 3 * BLOCK_SIZE, 3 * BLOCK_SIZE]
+
+
+def test_prefix_hits_one_after_another_and_a_repeated_prompt(twins, hf_traces) -> None:
+    fast, reference = twins(block_size=BLOCK_SIZE, num_blocks=64)
+    prompts = [PREFIX_PROMPTS[0], PREFIX_PROMPTS[1], PREFIX_PROMPTS[1]]
+    fast_outputs = [fast.generate([p], GREEDY)[0] for p in prompts]
+    reference_outputs = [reference.generate([p], GREEDY)[0] for p in prompts]
+    assert_three_way(fast_outputs, reference_outputs, prompts, hf_traces)
+    # The repeated prompt hits every full block of its 31 tokens that leaves one to compute.
+    assert [o.num_cached_prompt_tokens for o in fast_outputs] == [0, 3 * BLOCK_SIZE, 3 * BLOCK_SIZE]
+
+
+def test_chunked_prefill_forced_by_a_small_budget(twins, hf_traces) -> None:
+    fast, reference = twins(block_size=BLOCK_SIZE, num_blocks=64, max_num_batched_tokens=10)
+    fast_outputs, reference_outputs, plans = run_twins(fast, reference, MIXED_PROMPTS[2:])
+    assert_three_way(fast_outputs, reference_outputs, MIXED_PROMPTS[2:], hf_traces)
+    assert any(not c.samples and c.num_tokens > 1 for plan in plans for c in plan.chunks), "no prompt was chunked"
+
+
+def test_preemption_forced_by_a_small_pool(twins, hf_traces) -> None:
+    # 7 blocks of 8 = 56 slots for prompts of 8, 9 and 27 tokens growing by 16 each.
+    fast, reference = twins(block_size=BLOCK_SIZE, num_blocks=7)
+    prompts = MIXED_PROMPTS[1:]
+    fast_outputs, reference_outputs, plans = run_twins(fast, reference, prompts)
+    assert_three_way(fast_outputs, reference_outputs, prompts, hf_traces)
+    assert any(plan.preempted for plan in plans), "the pool never ran short"
+
+
+def test_abort_mid_run_frees_everything_and_others_go_on(twins, hf_traces) -> None:
+    fast, _ = twins(block_size=BLOCK_SIZE, num_blocks=64)
+    keep = fast.add_request(MIXED_PROMPTS[3], GREEDY)
+    dropped = fast.add_request(MIXED_PROMPTS[2], GREEDY)
+    for _ in range(3):
+        fast.step()
+    aborted = fast.abort(dropped)
+    assert aborted.finish_reason is not None and aborted.finish_reason.value == "abort"
+    finished = {}
+    while fast.has_unfinished:
+        finished.update({o.request_id: o for o in fast.step() if o.finished})
+    comparison = compare_traces(trace_from_output(finished[keep]), hf_traces(MIXED_PROMPTS[3]))
+    assert comparison.agree, comparison
+    snapshot = fast.scheduler.allocator.snapshot()
+    assert not snapshot.block_tables and all(block.ref_count == 0 for block in snapshot.blocks)
+
+
+def test_seeded_sampling_matches_the_reference(twins) -> None:
+    fast, reference = twins(block_size=BLOCK_SIZE, num_blocks=64)
+    params = [
+        SamplingParams(temperature=0.7, seed=11, max_tokens=8, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=1.3, top_k=20, seed=12, max_tokens=8, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.9, top_p=0.8, seed=13, max_tokens=8, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=1.0, min_p=0.05, seed=14, max_tokens=8, ignore_eos=True, logprobs=2),
+    ]
+    prompts = MIXED_PROMPTS
+    fast_outputs, reference_outputs = fast.generate(prompts, params), reference.generate(prompts, params)
+    for fast_output, reference_output in zip(fast_outputs, reference_outputs, strict=True):
+        assert fast_output.token_ids == reference_output.token_ids
+        for ours, theirs in zip(fast_output.logprobs, reference_output.logprobs, strict=True):
+            assert abs(ours.logprob - theirs.logprob) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "architecture, shape",
+    [("llama", TinyModelShape(tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
+     ("qwen2", TinyModelShape(tie_word_embeddings=False))],
+)
+def test_llama_and_qwen2(architecture: str, shape: TinyModelShape, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = write_tiny_model(tmp_path / architecture, seed=3, shape=shape, architecture=architecture)
+    config = load_model_config(checkpoint)
+    state_dict = load_state_dict(checkpoint, config, torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    engine_config = EngineConfig(block_size=BLOCK_SIZE, num_blocks=32)
+    fast = build_engine("fast", config, state_dict, engine_config)
+    prompts = MIXED_PROMPTS[1:3]
+    for prompt, output in zip(prompts, fast.generate(prompts, GREEDY), strict=True):
+        comparison = compare_traces(trace_from_output(output), hf_greedy_trace(hf, prompt, MAX_NEW_TOKENS, TOP_K))
+        assert comparison.agree, (architecture, len(prompt), comparison)
