@@ -10,15 +10,8 @@ from hypothesis import given
 from fast.kernels.add_rmsnorm import add_rmsnorm, rmsnorm
 from fast.kernels.qk_norm_rope import qk_norm_rope_
 from fast.kernels.silu_and_mul import silu_and_mul
-from tests.kernels.reference import (
-    DEVICE,
-    assert_close_scaled,
-    build_cos_sin_cache,
-    poisoned_like,
-    reference_add_rmsnorm,
-    reference_qk_norm_rope,
-    reference_silu_and_mul,
-)
+from reports.kernel_reference import reference_add_rmsnorm, reference_qk_norm_rope, reference_silu_and_mul
+from tests.kernels.reference import DEVICE, assert_close_scaled, build_cos_sin_cache, poisoned_like
 from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
 
 GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -218,3 +211,28 @@ def test_silu_and_mul_rejects_bad_arguments(x: torch.Tensor | str, out: torch.Te
     out = out.to(DEVICE) if out is not None and out.device.type != "meta" else out
     with pytest.raises(error, match=names):
         silu_and_mul(x, out=out)
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_rope_without_norm_matches_reference(dtype: torch.dtype, head_dim: int) -> None:
+    """RoPE alone (Llama, Qwen2): the norm weights None leave the norm out."""
+    from fast.kernels.qk_norm_rope import rope_
+
+    generator = seeded_generator(3)
+    cos_sin_cache = build_cos_sin_cache(64, head_dim)
+    qkv = _random((5, 4 + 2 * 2, head_dim), dtype, generator, scale=3.0)
+    q, k = qkv[:, :4], qkv[:, 4:6]
+    positions = torch.randint(0, 64, (5,), generator=generator).to(DEVICE)
+
+    def rotated(x: torch.Tensor) -> torch.Tensor:
+        half = head_dim // 2
+        cos = cos_sin_cache[positions, :half].double()[:, None, :]
+        sin = cos_sin_cache[positions, half:].double()[:, None, :]
+        first, second = x.double()[..., :half], x.double()[..., half:]
+        return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+    expected_q, expected_k = rotated(q), rotated(k)
+    rope_(q, k, cos_sin_cache, positions)
+    assert_close_scaled(q, expected_q, dtype, "rope q")
+    assert_close_scaled(k, expected_k, dtype, "rope k")

@@ -10,13 +10,8 @@ import torch
 from hypothesis import given
 
 from fast.kernels.prefill_attention import prefill_attention
-from tests.kernels.reference import (
-    DEVICE,
-    assert_close_scaled,
-    build_paged_cache,
-    poisoned_like,
-    reference_causal_attention,
-)
+from reports.kernel_reference import reference_causal_attention
+from tests.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache, poisoned_like
 from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator, sequence_length
 
 
@@ -165,3 +160,11 @@ def test_prefill_rejects_tensors_on_different_devices() -> None:
     args["seq_lens"] = torch.empty(1, dtype=torch.int32, device="meta")
     with pytest.raises(ValueError, match="seq_lens"):
         prefill_attention(**args)
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("head_dim", [16, 32])
+def test_prefill_small_head_dims(dtype: torch.dtype, head_dim: int) -> None:
+    """Small models (the tiny test models among them) use head_dim 16 or 32."""
+    _run_case(seq_lens=[40, 17], q_lens=[40, 5], num_kv_heads=2, group=2, head_dim=head_dim, block_size=16,
+              dtype=dtype, seed=4)
