@@ -8,6 +8,11 @@ buffers of `fast.input_batch.InputBatch`); the model calls `attend` once per lay
 The decode kernel's split size is fixed per engine and its split count comes from
 max_model_len, never from the batch: the reduction over splits is then the same for a token in
 a CUDA-graph replay and in an eager step (padding splits carry zero weight).
+
+Batch-invariant mode runs every step, decode steps included, through the prefill kernel: a query
+row then always reduces over its keys in the same BLOCK_N tiles from key 0, whether it is computed
+in a prefill chunk, in a decode step, or after a prefix-cache hit. (Tiles past a row's position add
+exactly nothing: their scores are -inf, so the running max, sum and output are unchanged.)
 """
 
 from __future__ import annotations
@@ -41,11 +46,12 @@ class StepMetadata:
 class PagedAttention:
     def __init__(
         self, num_heads: int, num_kv_heads: int, head_dim: int, max_num_seqs: int, max_model_len: int,
-        device: torch.device,
+        device: torch.device, batch_invariant: bool = False,
     ) -> None:
         self.scale = float(head_dim**-0.5)
         self.max_model_len = max_model_len
         self.split_size = DECODE_SPLIT_SIZE
+        self.batch_invariant = batch_invariant
         num_splits = triton.cdiv(max_model_len, self.split_size)
         self.workspace = decode_workspace(max_num_seqs, num_heads, num_splits, head_dim, device)
 
@@ -63,7 +69,7 @@ class StepAttention:
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q [T, H, D] (rows may be strided) -> [T, H, D] contiguous."""
         meta, backend = self.metadata, self.backend
-        if meta.is_decode:
+        if meta.is_decode and not backend.batch_invariant:
             return decode_attention(
                 q,
                 k_cache,

@@ -25,6 +25,7 @@ from torch.nn import functional
 from fast.attention import StepAttention
 from fast.kernels.add_rmsnorm import add_rmsnorm, rmsnorm
 from fast.kernels.kv_store import store_kv
+from fast.kernels.matmul import invariant_linear
 from fast.kernels.qk_norm_rope import qk_norm_rope_
 from fast.kernels.silu_and_mul import silu_and_mul
 from fast.kv_cache import KVCache
@@ -34,8 +35,18 @@ from spec.rope import cos_sin_cache
 
 
 class FastCausalLM:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, max_positions: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        max_positions: int,
+        device: torch.device,
+        batch_invariant: bool = False,
+    ) -> None:
         self.config = config
+        # Batch-invariant mode: every projection and the LM head through our fixed-order matmul
+        # (a vendor GEMM picks its reduction order from the number of rows).
+        self.linear = invariant_linear if batch_invariant else functional.linear
         self.weights = weights
         self.eps = float(config.rms_norm_eps)
         self.num_heads = config.num_attention_heads
@@ -64,7 +75,7 @@ class FastCausalLM:
         if logit_indices is not None:
             hidden, residual = hidden[logit_indices], residual[logit_indices] if residual is not None else None
         normed, _ = add_rmsnorm(hidden, residual, self.weights.final_norm, self.eps)
-        return functional.linear(normed, self.weights.lm_head).to(torch.float32)
+        return self.linear(normed, self.weights.lm_head).to(torch.float32)
 
     def _layer(
         self,
@@ -83,10 +94,10 @@ class FastCausalLM:
         else:
             normed, residual = add_rmsnorm(hidden, residual, layer.input_norm, self.eps)
         attn_out = self._attention(index, layer, normed, positions, slots, attention, cache)
-        hidden = functional.linear(attn_out, layer.o_proj, layer.o_proj_bias)
+        hidden = self.linear(attn_out, layer.o_proj, layer.o_proj_bias)
         normed, residual = add_rmsnorm(hidden, residual, layer.post_attention_norm, self.eps)
-        gate_up = functional.linear(normed, layer.gate_up, layer.gate_up_bias)
-        return functional.linear(silu_and_mul(gate_up), layer.down, layer.down_bias), residual
+        gate_up = self.linear(normed, layer.gate_up, layer.gate_up_bias)
+        return self.linear(silu_and_mul(gate_up), layer.down, layer.down_bias), residual
 
     def _attention(
         self,
@@ -101,7 +112,7 @@ class FastCausalLM:
         """[T, H * D]: q/k/v projection, norm + RoPE, KV store, paged attention."""
         num_tokens = normed.shape[0]
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        qkv = functional.linear(normed, layer.qkv, layer.qkv_bias)  # [T, q_width + 2 * kv_width]
+        qkv = self.linear(normed, layer.qkv, layer.qkv_bias)  # [T, q_width + 2 * kv_width]
         q = qkv[:, :q_width].view(num_tokens, self.num_heads, self.head_dim)
         k = qkv[:, q_width : q_width + kv_width].view(num_tokens, self.num_kv_heads, self.head_dim)
         v = qkv[:, q_width + kv_width :].view(num_tokens, self.num_kv_heads, self.head_dim)

@@ -47,11 +47,12 @@ class ModelRunner:
         # Every sequence in a step brings at least one token, and at most max_num_seqs run.
         self.max_step_seqs = min(settings.max_num_seqs, settings.max_num_batched_tokens)
         self.model = FastCausalLM(
-            model_config, pack_weights(model_config, state_dict, dtype, device), settings.model_len, device
+            model_config, pack_weights(model_config, state_dict, dtype, device), settings.model_len, device,
+            settings.batch_invariant,
         )
         self.attention = PagedAttention(
             model_config.num_attention_heads, model_config.num_key_value_heads, model_config.head_dim,
-            self.max_step_seqs, settings.model_len, device,
+            self.max_step_seqs, settings.model_len, device, settings.batch_invariant,
         )
         self.config = engine_config.resolved(model_config, self._pool_blocks(engine_config, settings))
         self.cache = self._make_cache(self.config.pool_blocks)

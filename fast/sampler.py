@@ -24,9 +24,9 @@ import torch
 from spec.sampling import (
     SamplingRow,
     SamplingTensors,
-    gumbel_max,
     greedy_one_hot,
     greedy_tokens,
+    gumbel_max,
     min_p_mask,
     row_temperature,
     row_top_k,

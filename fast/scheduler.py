@@ -78,7 +78,7 @@ class Scheduler:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.allocator = BlockAllocator(
-            config.num_blocks, config.block_size, config.enable_prefix_caching, hash_function
+            config.pool_blocks, config.block_size, config.enable_prefix_caching, hash_function
         )
         self.waiting: deque[Request] = deque()
         self._running: dict[str, Request] = {}  # admission order, oldest first

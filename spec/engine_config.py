@@ -30,6 +30,9 @@ class EngineConfig:
     gpu_memory_utilization: fraction of the GPU's memory the fast engine may use in all (weights,
         activations, KV pool) when it sizes the pool itself (num_blocks None).
     enable_cuda_graphs: the fast engine on a GPU replays decode steps from captured CUDA graphs.
+    batch_invariant: the fast engine computes each request's output bit for bit the same whatever
+        batch it runs in (its own matmul kernel with a fixed reduction order, one attention kernel
+        with fixed tiles for prefill and decode); slower. The reference engine ignores it.
     """
 
     block_size: int = 16
@@ -41,6 +44,7 @@ class EngineConfig:
     check_invariants: bool = False
     gpu_memory_utilization: float = 0.9
     enable_cuda_graphs: bool = True
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
@@ -52,7 +56,7 @@ class EngineConfig:
         utilization = self.gpu_memory_utilization
         if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
-        for name in ("enable_prefix_caching", "check_invariants", "enable_cuda_graphs"):
+        for name in ("enable_prefix_caching", "check_invariants", "enable_cuda_graphs", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"engine setting {name!r} must be a bool, got {getattr(self, name)!r}")
         if self.block_size & (self.block_size - 1):

@@ -51,7 +51,9 @@ def _yarn(base: float, dim: int, scaling: RopeScaling) -> tuple[torch.Tensor, fl
         attention_factor = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
     def correction_dim(num_rotations: float) -> float:
-        return (dim * math.log(scaling.original_max_position_embeddings / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+        return (dim * math.log(scaling.original_max_position_embeddings / (num_rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
 
     low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
     if scaling.truncate:
@@ -68,7 +70,9 @@ def _yarn(base: float, dim: int, scaling: RopeScaling) -> tuple[torch.Tensor, fl
     return inv_freq, float(attention_factor)
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, attention_scaling: float, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    inv_freq: torch.Tensor, attention_scaling: float, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [num_tokens, head_dim] in fp32 for integer positions [num_tokens] (rotate-half layout)."""
     freqs = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
     angles = torch.cat((freqs, freqs), dim=-1)
