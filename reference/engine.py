@@ -18,10 +18,10 @@ from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
 from spec.invariants import InvariantMonitor
 from spec.model_config import ModelConfig
-from spec.request import Request, RequestOutput, TokenLogprobs, check_request
+from spec.request import Request, RequestOutput, TokenLogprobs, check_request, prompt_logprob_positions
 from spec.sampling import SamplingRow, sample_tokens, top_logprobs
 from spec.sampling_params import MAX_SEED, SamplingParams
-from spec.scheduling import StepPlan
+from spec.scheduling import StepPlan, slot_of
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,6 @@ class ReferenceEngine:
         self.device = torch.device(device) if device is not None else default_device()
         self.model = CausalLM(model_config).to(device=self.device, dtype=dtype)
         self.model.load_weights(state_dict)
-        self.model.inv_freq = self.model.inv_freq.to(torch.float32)  # rope frequencies stay fp32
         self.model.eval()
         self.cache = PagedKVCache(
             num_layers=model_config.num_hidden_layers,
@@ -71,7 +70,7 @@ class ReferenceEngine:
         engine_config: EngineConfig | None = None,
         dtype: str | torch.dtype = "auto",
         device: torch.device | str | None = None,
-    ) -> "ReferenceEngine":
+    ) -> ReferenceEngine:
         checkpoint = resolve_checkpoint(model)
         model_config = load_model_config(checkpoint)
         torch_dtype = parse_dtype(dtype, model_config)
@@ -125,7 +124,7 @@ class ReferenceEngine:
         for request in stepped:
             logprobs = sampled[request.request_id][1]
             if logprobs is not None:
-                request.output_logprobs.append(logprobs)
+                request.append_logprobs(logprobs)
         for request in finished:
             del self._requests[request.request_id]
         if self.monitor is not None:
@@ -141,13 +140,16 @@ class ReferenceEngine:
 
     @torch.inference_mode()
     def _run_model(self, plan: StepPlan) -> dict[str, tuple[int, TokenLogprobs | None]]:
-        """One forward pass over the plan's chunks, then sampling of the chunks that end a request's tokens."""
+        """One forward pass over the plan's chunks: prompt positions that ask for prompt logprobs are
+        scored, and the chunks that end a request's tokens sample its next token."""
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sequences: list[SequenceSlice] = []
-        logit_rows: list[int] = []
+        sampling_rows: list[int] = []
         sampling_requests: list[Request] = []
+        scoring_rows: list[int] = []
+        scored_positions: list[tuple[Request, int]] = []  # (request, prompt position whose logits score the next)
         block_size = self.config.block_size
         for chunk in plan.chunks:
             request = self._requests[chunk.request_id]
@@ -157,7 +159,7 @@ class ReferenceEngine:
             all_tokens = request.all_token_ids
             token_ids.extend(all_tokens[p] for p in span)
             positions.extend(span)
-            slots.extend(table[p // block_size] * block_size + p % block_size for p in span)
+            slots.extend(slot_of(table, p, block_size) for p in span)
             sequences.append(
                 SequenceSlice(
                     query_start=query_start,
@@ -166,16 +168,37 @@ class ReferenceEngine:
                     block_table=torch.tensor(table, dtype=torch.int64, device=self.device),
                 )
             )
+            for position in prompt_logprob_positions(request, chunk.start, chunk.num_tokens):
+                scoring_rows.append(query_start + position - chunk.start)
+                scored_positions.append((request, position))
             if chunk.samples:
-                logit_rows.append(query_start + chunk.num_tokens - 1)
+                sampling_rows.append(query_start + chunk.num_tokens - 1)
                 sampling_requests.append(request)
 
         def as_tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
 
-        batch = ForwardBatch(as_tensor(positions), as_tensor(slots), tuple(sequences), as_tensor(logit_rows))
+        logit_rows = as_tensor(sampling_rows + scoring_rows)
+        batch = ForwardBatch(as_tensor(positions), as_tensor(slots), tuple(sequences), logit_rows)
         logits = self.model(as_tensor(token_ids), batch, self.cache)
-        return self._sample(logits, sampling_requests)
+        num_sampling = len(sampling_rows)
+        self._record_prompt_logprobs(logits[num_sampling:], scored_positions)
+        return self._sample(logits[:num_sampling], sampling_requests)
+
+    def _record_prompt_logprobs(self, logits: torch.Tensor, scored_positions: list[tuple[Request, int]]) -> None:
+        """Logits row i (at prompt position p) gives the logprobs of prompt token p + 1."""
+        if not scored_positions:
+            return
+        next_tokens = [request.prompt_token_ids[position + 1] for request, position in scored_positions]
+        wanted = max(request.params.prompt_logprobs or 0 for request, _ in scored_positions)
+        chosen, top_ids, top_values = top_logprobs(
+            logits, torch.tensor(next_tokens, dtype=torch.int64, device=logits.device), wanted
+        )
+        chosen_list, ids_list, values_list = chosen.tolist(), top_ids.tolist(), top_values.tolist()
+        for row, (request, position) in enumerate(scored_positions):
+            count = request.params.prompt_logprobs or 0
+            top = tuple(zip(ids_list[row][:count], values_list[row][:count], strict=True))
+            request.record_prompt_logprobs(position + 1, TokenLogprobs(next_tokens[row], chosen_list[row], top))
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> dict[str, tuple[int, TokenLogprobs | None]]:
         if not requests:
@@ -191,7 +214,7 @@ class ReferenceEngine:
             logprobs = None
             if request.params.logprobs > 0:
                 count = request.params.logprobs
-                top = tuple(zip(ids_list[row][:count], values_list[row][:count]))
+                top = tuple(zip(ids_list[row][:count], values_list[row][:count], strict=True))
                 logprobs = TokenLogprobs(tokens_list[row], chosen_list[row], top)
             results[request.request_id] = (tokens_list[row], logprobs)
         return results
@@ -205,7 +228,7 @@ class ReferenceEngine:
     ) -> list[RequestOutput]:
         """Run prompts (token-id lists) to completion; outputs in prompt order."""
         params_list = _broadcast_params(params, len(prompts))
-        request_ids = [self.add_request(prompt, p) for prompt, p in zip(prompts, params_list)]
+        request_ids = [self.add_request(prompt, p) for prompt, p in zip(prompts, params_list, strict=True)]
         wanted = set(request_ids)
         finished: dict[str, RequestOutput] = {}
         while len(finished) < len(wanted) and self.has_unfinished:

@@ -150,10 +150,20 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
         inv_freq, attention_scaling = rope_parameters(config)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # RoPE frequencies stay fp32 whatever dtype the model is cast to: `.to(dtype)` casts only
+        # floating-point buffers, so they are kept as their int32 bit pattern (which still follows
+        # the model across devices) and read back through the `inv_freq` property.
+        self.register_buffer("inv_freq_bits", inv_freq.view(torch.int32), persistent=False)
         self.attention_scaling = attention_scaling
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        """RoPE inverse frequencies, fp32 [head_dim // 2]."""
+        return self.inv_freq_bits.view(torch.float32)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy a checked state dict (spec.checkpoint.load_state_dict) into the parameters, strictly."""

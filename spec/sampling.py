@@ -14,7 +14,8 @@ Given fp32 logits for one request's next token:
      g = -log(-log(u)) and u in (0, 1) comes from a counter-based hash of
      (seed, output position, token id) -- see `gumbel_noise`.
 
-The set of tokens steps 2-4 keep is `kept_mask`; for a greedy row it is the argmax alone.
+temperature, top_p and min_p take part as fp32 numbers (a min_p of 1e-50 is 0, a top_p of
+1 - 1e-10 is 1). The set of tokens steps 2-4 keep is `kept_mask`; for a greedy row it is the argmax alone.
 
 Because the noise depends only on (seed, position, token id), a seeded request samples the
 same tokens whatever batch it runs in and on either engine (up to floating-point near-ties).

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from spec.sampling import SamplingRow, gumbel_noise, sample_tokens, top_logprobs
+from spec.sampling import SamplingRow, gumbel_noise, hash_uniform, kept_mask, sample_tokens, top_logprobs
 from spec.sampling_params import SamplingParams
 
 
@@ -24,7 +24,7 @@ def py_fmix32(h: int) -> int:
 def py_gumbel(seed: int, position: int, token_id: int) -> float:
     row_key = py_fmix32((seed & 0xFFFFFFFF) ^ py_fmix32(((seed >> 32) & 0xFFFFFFFF) ^ 0x9E3779B9))
     row_key = py_fmix32(row_key ^ position)
-    uniform = ((py_fmix32(row_key ^ token_id) >> 8) + 0.5) / 2**24
+    uniform = ((py_fmix32(row_key ^ token_id) >> 9) + 0.5) / 2**23
     return -math.log(-math.log(uniform))
 
 
@@ -36,9 +36,20 @@ def test_gumbel_noise_matches_the_spec_hash() -> None:
     seeds = [0, 1, 12345, 2**40 + 7, 2**63 - 1]
     positions = [0, 3, 99, 1000, 70000]
     noise = gumbel_noise(torch.tensor(seeds), torch.tensor(positions), vocab_size=50)
-    for row, (seed, position) in enumerate(zip(seeds, positions)):
+    for row, (seed, position) in enumerate(zip(seeds, positions, strict=True)):
         for token_id in (0, 1, 17, 49):
             assert noise[row, token_id].item() == pytest.approx(py_gumbel(seed, position, token_id), abs=1e-5)
+
+
+def test_extreme_hash_values_give_finite_noise_inside_the_unit_interval() -> None:
+    # With 24 bits, the largest hash rounded u to 1.0 in fp32 and its noise to +inf: that token won
+    # every draw it was kept in.
+    extremes = torch.tensor([0, 1, 2**31, 2**32 - 2**10, 2**32 - 1], dtype=torch.int64)
+    uniform = hash_uniform(extremes)
+    assert bool(((uniform > 0) & (uniform < 1)).all()), uniform.tolist()
+    assert uniform.tolist() == [0.5 / 2**23, 0.5 / 2**23, 0.5 + 0.5 / 2**23, 1 - 1.5 / 2**23, 1 - 0.5 / 2**23]
+    noise = -torch.log(-torch.log(uniform))
+    assert bool(torch.isfinite(noise).all()), noise.tolist()
 
 
 def test_gumbel_noise_is_gumbel_distributed() -> None:
@@ -112,6 +123,18 @@ def test_mixed_greedy_and_sampled_rows() -> None:
     assert sample_tokens(logits, [SamplingRow(greedy, 0, 0), SamplingRow(sampled, 0, 0)]).tolist() == [1, 2]
 
 
+def test_top_p_of_one_keeps_every_token_even_when_the_rounded_mass_reaches_one() -> None:
+    # One dominant token: its fp32 probability rounds to 1, so every later token has mass before it of 1.
+    logits = torch.tensor([[30.0, 0.0, -1.0, -2.0]])
+    assert kept_mask(logits, rows(SamplingParams(top_p=1.0))).tolist() == [[True] * 4]
+    assert kept_mask(logits, rows(SamplingParams(top_p=0.999))).tolist() == [[True, False, False, False]]
+
+
+def test_kept_mask_of_a_greedy_row_is_its_argmax() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0]])
+    assert kept_mask(logits, rows(SamplingParams(temperature=0.0, top_k=3))).tolist() == [[False, True, False, False]]
+
+
 def test_top_logprobs_are_log_softmax_of_raw_logits() -> None:
     logits = torch.tensor([[1.0, 2.0, 3.0, 0.5]])
     chosen, ids, values = top_logprobs(logits, torch.tensor([0]), 2)
@@ -122,7 +145,9 @@ def test_top_logprobs_are_log_softmax_of_raw_logits() -> None:
 
 
 def test_seeded_request_samples_the_same_alone_or_in_a_batch(make_engine) -> None:
-    params = SamplingParams(temperature=0.9, top_k=50, top_p=0.95, min_p=0.01, max_tokens=40, ignore_eos=True, seed=1234)
+    params = SamplingParams(
+        temperature=0.9, top_k=50, top_p=0.95, min_p=0.01, max_tokens=40, ignore_eos=True, seed=1234
+    )
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     alone = make_engine(block_size=4, num_blocks=256).generate([prompt], params)[0].token_ids
     others = [[(7 * i + j) % 384 for j in range(3 + 2 * i)] for i in range(8)]
@@ -132,5 +157,7 @@ def test_seeded_request_samples_the_same_alone_or_in_a_batch(make_engine) -> Non
     )
     assert batch[4].token_ids == alone
     assert len(set(alone)) > 5, "sampling collapsed to a few tokens: the test would not notice a wrong seed"
-    unseeded = make_engine(block_size=4, num_blocks=256).generate([prompt] * 2, SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True))
+    unseeded = make_engine(block_size=4, num_blocks=256).generate(
+        [prompt] * 2, SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)
+    )
     assert unseeded[0].token_ids != unseeded[1].token_ids, "unseeded requests must draw their own seeds"
