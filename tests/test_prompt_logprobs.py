@@ -34,12 +34,7 @@ SHARED_PREFIX = random_prompt(16)
 def make_engine(name: str, tiny_weights, **settings: object):
     config, state_dict = tiny_weights
     settings.setdefault("check_invariants", True)
-    try:
-        return build_engine(name, config, state_dict, EngineConfig(**settings), torch.float32, "cpu")
-    except ModuleNotFoundError as error:
-        if error.name == "fast.engine":
-            pytest.skip("fast/engine.py does not exist yet")
-        raise
+    return build_engine(name, config, state_dict, EngineConfig(**settings), torch.float32, "cpu")
 
 
 def record_plans(engine) -> list[StepPlan]:
