@@ -18,6 +18,7 @@ from spec.errors import InvalidRequestError
 from spec.invariants import InvariantMonitor, SchedulerSnapshot
 from spec.model_config import ModelConfig
 from spec.request import Request, RequestOutput, TokenLogprobs, check_request
+from spec.sampling import top_logprobs
 from spec.sampling_params import MAX_SEED, SamplingParams
 from spec.scheduling import StepPlan
 
@@ -200,3 +201,17 @@ def broadcast_params(params: SamplingParams | Sequence[SamplingParams] | None, c
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], counts: Sequence[int]) -> list[TokenLogprobs]:
+    """Row i: the logprob of tokens[i] and its top counts[i] alternatives, from log_softmax of fp32 logits [B, V].
+
+    Used by both engines for sampled tokens (counts from SamplingParams.logprobs) and for scored prompt
+    positions (SamplingParams.prompt_logprobs)."""
+    chosen_ids = torch.tensor(list(tokens), dtype=torch.int64, device=logits.device)
+    chosen, top_ids, top_values = top_logprobs(logits, chosen_ids, max(counts, default=0))
+    chosen_list, ids_list, values_list = chosen.tolist(), top_ids.tolist(), top_values.tolist()
+    return [
+        TokenLogprobs(token, chosen_list[row], tuple(zip(ids_list[row][:count], values_list[row][:count], strict=True)))
+        for row, (token, count) in enumerate(zip(tokens, counts, strict=True))
+    ]
