@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from reference.engine import ReferenceEngine, default_device
+from reference.engine import ReferenceEngine
+from spec.engine import default_device
 from spec.checkpoint import load_model_config, parse_dtype, resolve_checkpoint
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError, InvalidRequestError

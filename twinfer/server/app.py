@@ -1,0 +1,270 @@
+"""The FastAPI app: OpenAI's /v1/completions, /v1/chat/completions and /v1/models, plus /health and /metrics.
+
+`create_app(driver, ...)` serves whatever the driver runs: an engine already built, on a thread of
+this process (`EngineLoop`; tests hand in any engine, even a deliberately wrong one), or an engine
+built in a child process (`EngineProcess`). The app's lifespan starts and stops the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel
+
+from twinfer.server import responses, translate
+from twinfer.server.choice import ChoiceDelta, ChoiceSpec, ChoiceState
+from twinfer.server.detokenize import TextCodec
+from twinfer.server.engine_loop import EngineDriver
+from twinfer.server.errors import ApiError
+from twinfer.server.generation import Generation
+from twinfer.server.metrics import ServerMetrics
+from twinfer.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+
+logger = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+
+
+@dataclass
+class ServerContext:
+    driver: EngineDriver
+    metrics: ServerMetrics
+    codec: TextCodec
+    tokenizer: object | None  # transformers tokenizer, for the chat template
+    model_name: str
+    created: int
+
+
+def create_app(driver: EngineDriver, codec: TextCodec, tokenizer: object | None, model_name: str) -> FastAPI:
+    metrics = driver.metrics
+    context = ServerContext(driver, metrics, codec, tokenizer, model_name, int(time.time()))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        context.driver.start()
+        try:
+            yield
+        finally:
+            context.driver.stop()
+
+    app = FastAPI(title="twinfer", lifespan=lifespan)
+    app.state.context = context
+    _add_error_handlers(app, metrics)
+    _add_routes(app, context)
+    return app
+
+
+def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, error: ApiError) -> JSONResponse:
+        if error.status < 500:
+            metrics.record_rejected()
+        return error.response()
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, error: Exception) -> JSONResponse:  # a server bug: still OpenAI's shape
+        logger.exception("unexpected error while serving a request")
+        return ApiError(f"internal error: {error!r}", status=500, kind="server_error").response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        metrics.record_rejected()
+        return _validation_api_error(error.errors()).response()
+
+
+def _validation_api_error(errors: Sequence[dict]) -> ApiError:
+    """The first pydantic error as one message that names the field."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "json_invalid":
+        return ApiError(f"the request body is not valid JSON: {first.get('msg')}")
+    if first.get("type") == "model_attributes_type" or not location:
+        return ApiError("the request body must be a JSON object")
+    param = location[0]
+    path = ".".join(location)
+    if first.get("type") == "extra_forbidden":
+        return ApiError(f"unknown field {path!r}: twinfer does not support it", param=param)
+    if first.get("type") == "missing":
+        return ApiError(f"field {path!r} is required", param=param)
+    return ApiError(f"field {path!r}: {first.get('msg')}", param=param)
+
+
+def _add_routes(app: FastAPI, context: ServerContext) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if context.driver.alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "engine not running"}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        text = context.metrics.render(context.driver.stats)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        card = ModelCard(id=context.model_name, created=context.created, max_model_len=context.driver.config.model_len)
+        return ModelList(data=[card])
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        arrival = time.monotonic()
+        translate.check_common(body, context.model_name)
+        stops = translate.stop_conditions(body)
+        params = translate.completion_params(body, stops)
+        prompts = translate.completion_prompts(body, context.codec)
+        response_id = f"cmpl-{uuid.uuid4().hex}"
+        specs = [
+            ChoiceSpec(
+                index=index,
+                request_id=f"{response_id}-{index}",
+                prompt_token_ids=prompt.token_ids,
+                params=params,
+                stop_strings=stops.strings,
+                echo_text=(prompt.text or "") if body.echo else None,
+                num_top_logprobs=body.logprobs,
+                token_strings_as_ids=body.return_tokens_as_token_ids,
+            )
+            for index, prompt in enumerate(prompts)
+        ]
+        generation = Generation(context.driver, context.codec, context.metrics, specs, arrival)
+        await generation.start()
+        created, ids = int(time.time()), body.return_token_ids
+        if body.stream:
+
+            def chunk(advanced: Sequence[tuple[ChoiceState, ChoiceDelta]]) -> BaseModel:
+                return responses.completion_chunk(response_id, created, context.model_name, advanced, ids)
+
+            usage = body.include_usage_in_stream
+            return _event_stream(generation, [], chunk, response_id, created, context.model_name, usage, chat=False)
+        if not await _run_unless_disconnected(generation, request):
+            return Response(status_code=499)
+        return JSONResponse(
+            responses.completion_response(
+                response_id, created, context.model_name, generation.choices, generation.usage(), ids
+            ).model_dump(mode="json")
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        arrival = time.monotonic()
+        translate.check_common(body, context.model_name)
+        stops = translate.stop_conditions(body)
+        prompt = translate.chat_prompt(body, context.tokenizer)
+        params = translate.chat_params(body, stops, len(prompt.token_ids), context.driver.config)
+        response_id = f"chatcmpl-{uuid.uuid4().hex}"
+        spec = ChoiceSpec(
+            index=0,
+            request_id=f"{response_id}-0",
+            prompt_token_ids=prompt.token_ids,
+            params=params,
+            stop_strings=stops.strings,
+            echo_text=None,
+            num_top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+            token_strings_as_ids=body.return_tokens_as_token_ids,
+        )
+        generation = Generation(context.driver, context.codec, context.metrics, [spec], arrival)
+        await generation.start()
+        created, ids, model = int(time.time()), body.return_token_ids, context.model_name
+        if body.stream:
+
+            def chunk(advanced: Sequence[tuple[ChoiceState, ChoiceDelta]]) -> BaseModel:
+                return responses.chat_chunk(response_id, created, model, advanced, ids)
+
+            first = [responses.chat_role_chunk(response_id, created, model, generation.choices)]
+            usage = body.include_usage_in_stream
+            return _event_stream(generation, first, chunk, response_id, created, model, usage, chat=True)
+        if not await _run_unless_disconnected(generation, request):
+            return Response(status_code=499)
+        return JSONResponse(
+            responses.chat_response(
+                response_id, created, model, generation.choices, generation.usage(), ids
+            ).model_dump(mode="json")
+        )
+
+
+async def _run_unless_disconnected(generation: Generation, request: Request) -> bool:
+    """Run a generation to its end; False (and its requests aborted) if the client goes first."""
+    task = asyncio.ensure_future(generation.run_to_end())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                task.result()  # raises the generation's error, if any
+                return True
+            if await request.is_disconnected():
+                logger.debug("client left before its completion finished")
+                return False
+    finally:
+        if not task.done():
+            task.cancel()
+        generation.close()
+
+
+def _event_stream(
+    generation: Generation,
+    first_chunks: Sequence[BaseModel],
+    chunk: Callable[[Sequence[tuple[ChoiceState, ChoiceDelta]]], BaseModel],
+    response_id: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    chat: bool,
+) -> Response:
+    async def events() -> AsyncIterator[str]:
+        try:
+            for first in first_chunks:
+                yield _sse(first)
+            async for advanced in generation.updates():
+                yield _sse(chunk(advanced))
+            if include_usage:
+                yield _sse(responses.usage_chunk(response_id, created, model, generation.usage(), chat))
+        except ApiError as error:  # the engine failed mid-stream: say so in the stream, as OpenAI does
+            yield _sse(error.body())
+        finally:
+            generation.close()
+        yield "data: [DONE]\n\n"
+
+    return _EventStreamResponse(events(), on_close=generation.close)
+
+
+def _sse(payload: BaseModel) -> str:
+    return f"data: {payload.model_dump_json()}\n\n"
+
+
+class _EventStreamResponse(StreamingResponse):
+    """Server-sent events that notice a client leaving at once, even between tokens.
+
+    Starlette's StreamingResponse only notices (under ASGI >= 2.4) when the next send fails; this
+    one listens for the disconnect while it streams and cancels the stream when it comes, then
+    `on_close` aborts the engine requests.
+    """
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:  # ASGI types
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def stream_then_stop() -> None:
+                    with contextlib.suppress(OSError):
+                        await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream_then_stop)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        finally:
+            self._on_close()
