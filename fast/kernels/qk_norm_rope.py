@@ -137,7 +137,7 @@ def qk_norm_rope_(
     """
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
-    apply_norm = _check_norm_weights(q_weight, k_weight, q.shape[2])
+    apply_norm = _check_norm_weights(q, q_weight, k_weight)
     check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=(torch.float32,))
     check_tensor("positions", positions, ndim=1, dtypes=(torch.int64,))
     num_tokens, num_q_heads, head_dim = q.shape
@@ -192,14 +192,15 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, positio
     qk_norm_rope_(q, k, None, None, cos_sin_cache, positions, 1e-6)
 
 
-def _check_norm_weights(q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, head_dim: int) -> bool:
-    """Whether the norm applies: both weights given ([head_dim] each) or neither."""
+def _check_norm_weights(q: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None) -> bool:
+    """Whether the norm applies: both weights given ([head_dim] each, on q's device) or neither."""
     if q_weight is None and k_weight is None:
         return False
     if q_weight is None or k_weight is None:
         raise ValueError("q_weight and k_weight must both be given (norm + RoPE) or both be None (RoPE only)")
     for name, weight in (("q_weight", q_weight), ("k_weight", k_weight)):
         check_tensor(name, weight, ndim=1, dtypes=FLOAT_DTYPES)
-        check_shape(name, weight, (head_dim,))
+        check_shape(name, weight, (q.shape[2],))
         check_contiguous(name, weight)
+    check_same_device("q", q, q_weight=q_weight, k_weight=k_weight)
     return True

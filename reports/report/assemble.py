@@ -1,0 +1,228 @@
+"""The sections of a run, put together as a Report: the flat list of checks the summary counts and
+--compare matches, the figures --compare follows, the environment and the commit."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from datetime import UTC, datetime
+
+import torch
+
+from reports.report.records import (
+    Cell,
+    Check,
+    CorrectnessSection,
+    Figure,
+    FuzzRun,
+    FuzzSection,
+    KernelSection,
+    Report,
+    RunSettings,
+    SpeedSection,
+    Status,
+)
+
+
+def assemble_report(
+    settings: RunSettings,
+    correctness: CorrectnessSection,
+    fuzz: FuzzSection,
+    kernels: KernelSection,
+    speed: SpeedSection,
+    device: torch.device,
+) -> Report:
+    from reports import bench_device
+
+    return Report(
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        commit=bench_device.git_commit(),
+        commit_dirty=bench_device.git_has_uncommitted_changes(),
+        settings=settings,
+        environment=environment(device),
+        checks=(*correctness_checks(correctness), *fuzz_checks(fuzz), *kernel_checks(kernels), *speed_checks(speed)),
+        figures=(*correctness_figures(correctness), *fuzz_figures(fuzz), *speed_figures(speed)),
+        correctness=correctness,
+        fuzz=fuzz,
+        kernels=kernels,
+        speed=speed,
+    )
+
+
+def environment(device: torch.device) -> dict[str, str]:
+    """Versions, host and device as text (the commit and the command are kept beside it)."""
+    from reports import bench_device
+
+    record = bench_device.environment(device, commit=None)
+    shown = {
+        key: value
+        for key, value in record.items()
+        if key not in ("command", "recorded_at", "commit", "uncommitted_changes")
+    }
+    shown["platform"] = platform.platform()
+    shown["cpu_threads"] = str(torch.get_num_threads())
+    return {key: "none" if value is None else str(value) for key, value in shown.items()}
+
+
+# -- checks --------------------------------------------------------------------------------
+
+
+def correctness_checks(section: CorrectnessSection) -> list[Check]:
+    if not section.cells:
+        return [Check("correctness", "correctness", "differential matrix", section.status, section.detail)]
+    return [
+        Check(f"correctness/{cell.id}", "correctness", _cell_title(cell), cell.status, cell.detail)
+        for cell in section.cells
+    ]
+
+
+def fuzz_checks(section: FuzzSection) -> list[Check]:
+    if not section.runs:
+        return [Check("fuzz", "fuzz", "fuzz suite", section.status, section.detail)]
+    checks = []
+    for run in section.runs:
+        prefix = f"fuzz/{_run_key(run)}"
+        checks.append(Check(f"{prefix}/suite", "fuzz", f"fuzz {run.source} {run.path}", run.status, run.detail))
+        for bug in run.planted_bugs:
+            status = {True: Status.PASSED, False: Status.FAILED, None: Status.NOT_RUN}[bug.caught]
+            detail = {True: "caught", False: "not caught", None: "the record does not say"}[bug.caught]
+            checks.append(
+                Check(f"{prefix}/planted/{bug.name}", "fuzz", f"planted bug caught: {bug.name}", status, detail)
+            )
+    return checks
+
+
+def kernel_checks(section: KernelSection) -> list[Check]:
+    if not section.files:
+        return [Check("kernels", "kernels", "kernel checks", section.status, section.detail)]
+    checks = []
+    for summary in section.files:
+        counts = f"{summary.passed} passed, {summary.failed + summary.errors} failed, {summary.skipped} skipped"
+        if summary.failed or summary.errors:
+            status = Status.FAILED
+        elif summary.passed:
+            status = Status.PASSED
+        else:
+            status, counts = Status.NOT_RUN, f"not run: every test skipped ({counts})"
+        checks.append(Check(f"kernels/{summary.file}", "kernels", f"kernel tests in {summary.file}", status, counts))
+    return checks
+
+
+def speed_checks(section: SpeedSection) -> list[Check]:
+    if not section.tables:
+        return [Check("speed", "speed", "standard workloads", section.status, section.detail)]
+    return [
+        Check(
+            f"speed/{table.workload}/{table.metric}",
+            "speed",
+            f"{table.workload}: {table.metric}",
+            table.status,
+            table.note or "measured",
+        )
+        for table in section.tables
+    ]
+
+
+# -- figures -------------------------------------------------------------------------------
+
+
+def correctness_figures(section: CorrectnessSection) -> list[Figure]:
+    figures = []
+    for cell in section.cells:
+        if cell.status is Status.NOT_RUN or cell.max_logprob_error is None:
+            continue
+        prefix, title = f"correctness/{cell.id}", _cell_title(cell)
+        figures.append(
+            Figure(
+                f"{prefix}/max-logprob-error",
+                "correctness",
+                f"{title}: max |Δlogprob|",
+                cell.max_logprob_error,
+                "nats",
+                better="lower",
+            )
+        )
+        figures.append(
+            Figure(
+                f"{prefix}/mean-logprob-error",
+                "correctness",
+                f"{title}: mean |Δlogprob|",
+                cell.mean_logprob_error or 0.0,
+                "nats",
+                better="lower",
+            )
+        )
+        if cell.identical_prefix_lengths and cell.rule != "exact":
+            lengths = cell.identical_prefix_lengths
+            figures.append(
+                Figure(
+                    f"{prefix}/min-identical-tokens",
+                    "correctness",
+                    f"{title}: fewest identical tokens",
+                    float(min(lengths)),
+                    "tokens",
+                    better="higher",
+                )
+            )
+            figures.append(
+                Figure(
+                    f"{prefix}/median-identical-tokens",
+                    "correctness",
+                    f"{title}: median identical tokens",
+                    float(statistics.median(lengths)),
+                    "tokens",
+                    better="higher",
+                )
+            )
+        if cell.error_distribution is not None:
+            figures.append(
+                Figure(
+                    f"{prefix}/p99-logprob-error",
+                    "correctness",
+                    f"{title}: p99 |Δlogprob|",
+                    cell.error_distribution.p99,
+                    "nats",
+                    better="lower",
+                )
+            )
+    return figures
+
+
+def fuzz_figures(section: FuzzSection) -> list[Figure]:
+    figures = []
+    for run in section.runs:
+        for name, value in run.totals.items():
+            figures.append(
+                Figure(
+                    f"fuzz/{_run_key(run)}/{name}",
+                    "fuzz",
+                    f"fuzz {run.path}: {name.replace('_', ' ')}",
+                    float(value),
+                    "count",
+                )
+            )
+    return figures
+
+
+def speed_figures(section: SpeedSection) -> list[Figure]:
+    return [
+        Figure(
+            f"speed/{table.workload}/{table.metric}/{row.engine}",
+            "speed",
+            f"{table.workload} {table.metric}: {row.engine}",
+            row.value,
+            table.unit,
+            row.spread,
+            table.better,
+        )
+        for table in section.tables
+        for row in table.rows
+    ]
+
+
+def _cell_title(cell: Cell) -> str:
+    return f"{cell.candidate} vs {cell.baseline}, {cell.dtype}, {cell.feature}, {cell.mode}"
+
+
+def _run_key(run: FuzzRun) -> str:
+    return "ci" if run.source == "ci run" else run.path.rsplit("/", 1)[-1].removesuffix(".json")

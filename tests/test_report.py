@@ -1,0 +1,403 @@
+"""`twinfer report`: the JSON follows its schema, the HTML parses and holds every section, user text is
+escaped, the verdicts follow the agreement rules, and each section reads its source correctly."""
+
+from __future__ import annotations
+
+import copy
+import json
+import textwrap
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+
+from reports.report import command
+from reports.report.assemble import assemble_report
+from reports.report.comparison import REGRESSED, compare_reports
+from reports.report.correctness import CorrectnessOptions, run_correctness
+from reports.report.fuzz_section import committed_fuzz_section, fuzz_run_from_record
+from reports.report.kernel_section import summarise_kernel_run
+from reports.report.pytest_runs import TestOutcome, run_pytest
+from reports.report.records import FuzzSection, KernelSection, RunSettings, SpeedSection, Status
+from reports.report.render import render_comparison, render_report
+from reports.report.sample import HOSTILE_MODEL, HOSTILE_PROMPT, HOSTILE_TOKEN, sample_report
+from reports.report.schema import ReportFormatError, validate_report
+from reports.report.speed_section import SpeedOptions, speed_section
+from reports.report.traces import FreeRunning, TeacherForced
+from reports.report.verdicts import CellKey, error_distribution, free_running_cell, teacher_forced_cell
+from spec.agreement import Trace
+
+REPORT_SECTIONS = (
+    "summary",
+    "correctness",
+    "disagreements",
+    "distributions",
+    "speed",
+    "fuzzing",
+    "kernels",
+    "environment",
+    "checks",
+)
+COMPARE_SECTIONS = ("summary", "runs", "checks", "figures")
+
+
+class PageStructure(HTMLParser):
+    """What a self-contained, script-free page must not hold, and what it must."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.ids: set[str] = set()
+        self.tags: dict[str, int] = {}
+        self.urls: list[str] = []
+        self.text: list[str] = []
+        self.style: list[str] = []
+        self.meta: list[dict[str, str | None]] = []
+        self._in_style = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        attributes = dict(attrs)
+        if attributes.get("id"):
+            self.ids.add(attributes["id"])
+        for name in ("src", "href", "xlink:href", "action", "data"):
+            if attributes.get(name) is not None and tag not in ("use",):
+                self.urls.append(attributes[name])
+        if tag == "meta":
+            self.meta.append(attributes)
+        self._in_style = tag == "style"
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_style = False
+
+    def handle_data(self, data: str) -> None:
+        (self.style if self._in_style else self.text).append(data)
+
+
+def parse(html: str) -> PageStructure:
+    page = PageStructure()
+    page.feed(html)
+    page.close()
+    return page
+
+
+def assert_self_contained(page: PageStructure) -> None:
+    for tag in ("script", "link", "iframe", "object", "embed", "img", "base", "form"):
+        assert page.tags.get(tag, 0) == 0, f"the page holds a <{tag}> element"
+    assert all(url.startswith("#") for url in page.urls), f"the page refers outside itself: {page.urls}"
+    style = "".join(page.style)
+    assert "url(" not in style and "@import" not in style and "@font-face" not in style
+    policies = [m.get("content") or "" for m in page.meta if m.get("http-equiv") == "Content-Security-Policy"]
+    assert policies and "default-src 'none'" in policies[0] and "script-src" not in policies[0]
+
+
+# -- the sample report: schema, structure, escaping --------------------------------------------
+
+
+def test_sample_report_follows_the_schema_and_survives_json() -> None:
+    document = sample_report().to_json()
+    validate_report(document)
+    again = json.loads(json.dumps(document))
+    validate_report(again)
+    assert document["schema_version"] == 1 and document["kind"] == "twinfer-report"
+    assert document["summary"] == {"passed": 7, "failed": 2, "not_run": 2}
+    assert sum(document["summary"].values()) == len(document["checks"])
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda d: d.pop("correctness"),
+        lambda d: d.update(schema_version=2),
+        lambda d: d["checks"][0].update(status="ok"),
+        lambda d: d["correctness"]["cells"][0].update(surprise=1),
+        lambda d: d["speed"]["tables"][0]["rows"][0].update(value="fast"),
+        lambda d: d["fuzz"]["runs"][0]["totals"].update(examples=1.5),
+    ],
+    ids=["missing-section", "unknown-version", "bad-status", "unknown-field", "text-for-number", "fraction-for-count"],
+)
+def test_schema_refuses_broken_reports(breakage) -> None:
+    document = sample_report().to_json()
+    breakage(document)
+    with pytest.raises(ReportFormatError, match="does not follow the twinfer report schema"):
+        validate_report(document, "broken.json")
+
+
+def test_page_parses_holds_every_section_and_nothing_external() -> None:
+    html = render_report(sample_report().to_json())
+    page = parse(html)
+    assert set(REPORT_SECTIONS) <= page.ids
+    assert_self_contained(page)
+    assert page.tags.get("svg", 0) == 3  # bf16 error distribution, bf16 identical prefix, one speed plot
+    text = " ".join(page.text)
+    assert "7 passed" in text and "2 failed" in text and "2 not run" in text
+    assert "0123456789abcdef0123456789abcdef01234567" in text
+    assert "Planted bugs caught: 1 of 2" in text
+
+
+def test_user_controlled_text_renders_as_text() -> None:
+    html = render_report(sample_report().to_json())
+    page = parse(html)
+    assert page.tags.get("script", 0) == 0 and page.tags.get("img", 0) == 0
+    assert "<script>" not in html and "<img src=x" not in html and "<b>host</b>" not in html
+    text = "".join(page.text)
+    for hostile in (HOSTILE_PROMPT, HOSTILE_MODEL, HOSTILE_TOKEN, "<b>host</b>", "<i>sample GPU</i>"):
+        assert hostile in text, f"{hostile!r} is not shown as text"
+
+
+# -- --compare --------------------------------------------------------------------------------
+
+
+def _changed_copy(document: dict) -> dict:
+    new = copy.deepcopy(document)
+    checks = {check["id"]: check for check in new["checks"]}
+    checks["correctness/reference-hf/float32/prefix-cache-off/free-running"]["status"] = "failed"
+    checks["kernels/tests/kernels/test_decode_attention.py"]["status"] = "passed"
+    figures = {figure["id"]: figure for figure in new["figures"]}
+    figures["speed/decode-sweep batch-8/time per output token/transformers"]["value"] = 30.0  # spread 0.8: moved
+    figures["speed/decode-sweep batch-8/time per output token/twinfer fast"]["value"] = 1.92  # spread 0.05: not moved
+    figures["fuzz/deep_run/examples"]["value"] = 3010.0  # no spread measured: any change is marked
+    return new
+
+
+def test_compare_marks_changed_checks_and_figures_beyond_their_spread() -> None:
+    old = sample_report().to_json()
+    comparison = compare_reports(old, _changed_copy(old), "old.json", "new.json")
+    changes = {row["id"]: row["change"] for row in comparison["checks"] if row["change"] != "same"}
+    assert changes == {
+        "correctness/reference-hf/float32/prefix-cache-off/free-running": REGRESSED,
+        "kernels/tests/kernels/test_decode_attention.py": "fixed",
+    }
+    moved = {row["id"]: row["direction"] for row in comparison["figures"] if row["moved"]}
+    assert moved == {
+        "speed/decode-sweep batch-8/time per output token/transformers": "worse",
+        "fuzz/deep_run/examples": None,
+    }
+    assert comparison["counts"]["regressions"] == 1
+    page = parse(render_comparison(comparison))
+    assert set(COMPARE_SECTIONS) <= page.ids
+    assert_self_contained(page)
+
+
+def test_compare_and_render_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = sample_report().to_json()
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(_changed_copy(old)))
+    code = command.main(
+        ["--compare", str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--out", str(tmp_path / "cmp")]
+    )
+    assert code == 1  # a check regressed
+    assert "1 regressions" in capsys.readouterr().out
+    assert (tmp_path / "cmp" / "compare.html").is_file()
+    assert command.main(["--render", str(tmp_path / "old.json"), "--out", str(tmp_path / "again")]) == 0
+    assert set(REPORT_SECTIONS) <= parse((tmp_path / "again" / "report.html").read_text()).ids
+    (tmp_path / "bad.json").write_text(json.dumps({"schema_version": 1}))
+    assert command.main(["--render", str(tmp_path / "bad.json"), "--out", str(tmp_path / "x")]) == 2
+    assert "does not follow the twinfer report schema" in capsys.readouterr().err
+
+
+# -- verdicts ---------------------------------------------------------------------------------
+
+
+def decode(ids) -> str:
+    return "".join(f"<{token}>" for token in ids)
+
+
+def trace(tokens: tuple[int, ...], tops: list[dict[int, float]]) -> Trace:
+    return Trace(tokens, tuple(tops))
+
+
+SAME_TOPS = [{1: -0.1, 7: -2.5}, {2: -0.2, 7: -2.0}]
+
+
+def test_fp32_divergence_fails_and_shows_both_tokens_with_context() -> None:
+    mine = trace((1, 2, 3), [*SAME_TOPS, {3: -0.5, 4: -1.5}])
+    theirs = trace((1, 2, 4), [*SAME_TOPS, {4: -0.4, 3: -1.6}])
+    key = CellKey("reference", "hf", "float32", "prefix-cache-off", "free-running")
+    cell = free_running_cell(key, FreeRunning((mine,), 0), FreeRunning((theirs,), 0), [(9, 9)], 3, decode, "", 0.1)
+    assert cell.status is Status.FAILED and cell.identical_prefix_lengths == (2,)
+    (disagreement,) = cell.disagreements
+    assert (disagreement.position, disagreement.candidate.token_id, disagreement.baseline.token_id) == (2, 3, 4)
+    assert not disagreement.allowed
+    assert disagreement.text_before == "<9><9><1><2>"
+    assert [c.token_id for c in disagreement.baseline_top] == [4, 3]
+
+
+def test_bf16_near_tie_passes_but_is_listed() -> None:
+    mine = trace((1, 2, 3), [*SAME_TOPS, {3: -0.69, 4: -0.70}])
+    theirs = trace((1, 2, 4), [*SAME_TOPS, {4: -0.68, 3: -0.71}])
+    key = CellKey("reference", "hf", "bfloat16", "prefix-cache-off", "free-running")
+    cell = free_running_cell(key, FreeRunning((mine,), 0), FreeRunning((theirs,), 0), [(9,)], 3, decode, "", 0.1)
+    assert cell.status is Status.PASSED and cell.rule == "near-tie"
+    assert cell.num_disagreements == 1 and cell.disagreements[0].allowed
+
+
+def test_fp32_logprob_error_fails_even_with_identical_tokens() -> None:
+    mine = trace((1, 2), [{1: -0.1, 7: -2.5}, {2: -0.2, 7: -2.0}])
+    theirs = trace((1, 2), [{1: -0.1, 7: -2.5}, {2: -0.2, 7: -2.001}])
+    key = CellKey("reference", "hf", "float32", "prefix-cache-off", "free-running")
+    cell = free_running_cell(key, FreeRunning((mine,), 0), FreeRunning((theirs,), 0), [(9,)], 2, decode, "", 0.1)
+    assert cell.status is Status.FAILED
+    assert cell.disagreements[0].kind == "logprob" and cell.disagreements[0].position == 1
+
+
+@pytest.mark.parametrize(
+    ("dtype", "fp32_margin", "expected"),
+    [("bfloat16", 0.5, Status.FAILED), ("bfloat16", 0.1, Status.PASSED), ("float32", 0.1, Status.FAILED)],
+)
+def test_teacher_forced_top1_flip_fails_only_above_the_margin(dtype: str, fp32_margin: float, expected: Status) -> None:
+    sequence = (5, 6, 7)
+    mine = TeacherForced((sequence,), (({6: -0.1, 8: -3.0}, {7: -0.9, 8: -0.6}),))
+    theirs = TeacherForced((sequence,), (({6: -0.1, 8: -3.0}, {7: -0.6, 8: -0.9}),))
+    key = CellKey("reference", "hf", dtype, "prefix-cache-off", "teacher-forced")
+    cell = teacher_forced_cell(key, mine, theirs, [(5.0, fp32_margin)], decode, "", 0.1)
+    assert cell.status is expected
+    assert cell.num_positions == 2 and cell.num_disagreements == 1 + (dtype == "float32")
+    flip = cell.disagreements[0]
+    assert (flip.kind, flip.position, flip.candidate.token_id, flip.baseline.token_id) == ("top1", 2, 8, 7)
+    assert cell.error_distribution is not None and cell.error_distribution.max == pytest.approx(0.3)
+
+
+def test_error_distribution_counts_every_value() -> None:
+    errors = [0.0, 0.0, 1e-6, 2e-6, 0.01, 0.5, 20.0]
+    distribution = error_distribution(errors)
+    assert distribution.zeros == 2 and sum(distribution.counts) + distribution.zeros == len(errors)
+    assert distribution.max == 20.0 and distribution.p50 == 2e-6
+    assert distribution.mean == pytest.approx(sum(errors) / len(errors))
+
+
+# -- sections from their sources ----------------------------------------------------------------
+
+
+def test_committed_fuzz_record_is_read_with_its_planted_bugs() -> None:
+    section = committed_fuzz_section()
+    assert section.runs, "no committed deep-run record found"
+    run = section.runs[0]
+    assert run.totals["examples"] > 0 and run.totals["steps"] > 0
+    assert len(run.planted_bugs) >= 10
+    if run.status is Status.PASSED:
+        assert all(bug.caught is True for bug in run.planted_bugs)
+
+
+def test_fuzz_run_names_a_planted_bug_that_was_not_caught() -> None:
+    record = {
+        "profile": "ci",
+        "result": "failed",
+        "test_outcomes": {"passed": 1, "failed": 1},
+        "totals": {"examples": 10},
+        "machines": {"planted/ref count decremented twice": {"examples": 3}, "planted/other bug": {"examples": 2}},
+    }
+    outcomes = (
+        TestOutcome(
+            "fuzz/test_planted_bugs.py", "test_fuzzer_finds_planted_bug[ref-count-decremented-twice]", "failed", "x"
+        ),
+        TestOutcome("fuzz/test_planted_bugs.py", "test_fuzzer_finds_planted_bug[other-bug]", "passed", ""),
+    )
+    run = fuzz_run_from_record(record, "ci run", "fuzz/", outcomes)
+    assert run.status is Status.FAILED
+    assert {bug.name: bug.caught for bug in run.planted_bugs} == {
+        "ref count decremented twice": False,
+        "other bug": True,
+    }
+
+
+def test_kernel_section_summarises_a_real_pytest_run(tmp_path: Path) -> None:
+    module = tmp_path / "test_sample_kernels.py"
+    module.write_text(
+        textwrap.dedent("""
+        import pytest
+
+        def test_passes():
+            assert True
+
+        def test_fails():
+            assert 1 == 2, "<kernel> mismatch"
+
+        @pytest.mark.skip(reason="needs a GPU")
+        def test_skipped():
+            pass
+    """)
+    )
+    run = run_pytest([str(module)], tmp_path / "junit.xml", timeout_s=120)
+    section = summarise_kernel_run(run)
+    assert section.status is Status.FAILED
+    ((summary),) = section.files
+    assert (summary.passed, summary.failed, summary.skipped) == (1, 1, 1)
+    assert "mismatch" in section.failures[0].message and section.failures[0].test.endswith("test_fails")
+
+
+def test_speed_section_is_not_run_without_a_gpu_and_reads_bench_runs() -> None:
+    cpu = torch.device("cpu")
+    assert speed_section(SpeedOptions(cpu, ("decode-bs1",))).detail.startswith("not run: no CUDA device")
+    # The harness on the CPU: tiny shape, scaled-down workloads, the reference engine beside transformers.
+    options = SpeedOptions(
+        cpu, ("decode-sweep", "prefix-shared"), shape="tiny", engine="reference", dtype=torch.float32,
+        scale=0.02, repeats=2, allow_cpu=True,
+    )  # fmt: skip
+    section = speed_section(options)
+    assert section.status is Status.PASSED, section.detail
+    engines = {row.engine for table in section.tables for row in table.rows}
+    assert engines == {"twinfer reference", "transformers"}
+    assert {plot.id for plot in section.plots} >= {"throughput-vs-batch", "fraction-of-floor"}
+    assert all("NOT the standard workload" in table.note for table in section.tables)
+    assert any("identical" in table.note for table in section.tables if table.workload.startswith("prefix-shared"))
+    assert "copy bandwidth" in section.environment
+
+
+def test_speed_section_says_why_a_record_cannot_be_read(tmp_path: Path) -> None:
+    (tmp_path / "other.json").write_text(json.dumps({"record": "something else"}))
+    section = speed_section(SpeedOptions(torch.device("cpu"), (), bench_json=(tmp_path / "other.json",)))
+    assert section.status is Status.NOT_RUN and "not a `twinfer bench` record" in section.detail
+
+
+# -- a real run on the tiny model ----------------------------------------------------------------
+
+
+def test_real_run_on_the_tiny_model_keeps_every_cell(tiny_checkpoint: Path) -> None:
+    options = CorrectnessOptions(
+        tiny_checkpoint, torch.device("cpu"), (torch.float32, torch.bfloat16), quick=True,
+        pairs=(("reference", "hf"), ("fast", "reference")), features=("chunked-prefill",),
+    )  # fmt: skip
+    correctness = run_correctness(options)
+    expected = {
+        f"{pair}/{dtype}/chunked-prefill/{mode}"
+        for pair in ("reference-hf", "fast-reference")
+        for dtype in ("float32", "bfloat16")
+        for mode in ("free-running", "teacher-forced")
+    }
+    cells = {cell.id: cell for cell in correctness.cells}
+    assert set(cells) == expected
+    for cell_id in (
+        "reference-hf/float32/chunked-prefill/free-running",
+        "reference-hf/bfloat16/chunked-prefill/teacher-forced",
+    ):
+        assert cells[cell_id].status is Status.PASSED, cells[cell_id].detail
+    assert "token budget" in cells["reference-hf/float32/chunked-prefill/free-running"].feature_evidence
+    assert cells["reference-hf/bfloat16/chunked-prefill/teacher-forced"].error_distribution is not None
+    fast_bf16 = cells["fast-reference/bfloat16/chunked-prefill/free-running"]
+    assert fast_bf16.status is Status.NOT_RUN and "bfloat16" in fast_bf16.detail
+    settings = RunSettings(str(tiny_checkpoint), "cpu", ("float32", "bfloat16"), True, "pytest")
+    left_out = "not run: left out by --sections"
+    report = assemble_report(
+        settings, correctness, FuzzSection(Status.NOT_RUN, left_out, ()), KernelSection(Status.NOT_RUN, left_out),
+        SpeedSection(Status.NOT_RUN, left_out), torch.device("cpu"),
+    )  # fmt: skip
+    document = report.to_json()
+    validate_report(document)
+    assert document["summary"]["not_run"] == 3 + 2  # three sections left out, the two fast bf16 cells
+    page = parse(render_report(document))
+    assert set(REPORT_SECTIONS) <= page.ids
+    assert_self_contained(page)
+
+
+def test_command_writes_both_files(tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    code = command.main(["--model", str(tiny_checkpoint), "--quick", "--sections", "fuzz,speed", "--out", str(out)])
+    assert code == 0
+    document = json.loads((out / "report.json").read_text())
+    validate_report(document)
+    checks = {check["id"]: check for check in document["checks"]}
+    assert checks["correctness"]["status"] == "not_run" and checks["kernels"]["status"] == "not_run"
+    assert any(check_id.startswith("fuzz/") and check["status"] == "passed" for check_id, check in checks.items())
+    assert str(out / "report.html") in capsys.readouterr().out
+    assert set(REPORT_SECTIONS) <= parse((out / "report.html").read_text()).ids

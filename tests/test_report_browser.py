@@ -1,0 +1,77 @@
+"""The report in a real browser: headless Chromium (Debian's `chromium` package) opens the page; it must
+draw something, log no console error, run no script and request nothing but itself.
+
+Without Chromium these tests are skipped, unless TWINFER_REQUIRE_BROWSER=1 (set by CI, which installs
+it): then a missing browser fails them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from reports.report.browser import find_chromium, pixel_variety, visit_page
+from reports.report.comparison import compare_reports
+from reports.report.render import render_comparison, render_report
+from reports.report.sample import sample_report
+
+MIN_COLOURS = 50  # text, tables, status colours and antialiased plot lines
+MIN_INKED_FRACTION = 0.03  # of the pixels differ from the background
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    path = find_chromium()
+    if path is None:
+        if os.environ.get("TWINFER_REQUIRE_BROWSER") == "1":
+            pytest.fail("TWINFER_REQUIRE_BROWSER=1 but no Chromium found (apt-get install -y chromium)")
+        pytest.skip("no Chromium installed (apt-get install -y chromium)")
+    return path
+
+
+def assert_clean_visit(page: Path, chromium: str, title_words: str) -> None:
+    visit = visit_page(page, chromium)
+    assert visit.errors == (), f"console errors: {visit.errors}"
+    assert visit.foreign_requests == (), f"the page requested {visit.foreign_requests}"
+    assert visit.requested_urls == (visit.url,)
+    assert visit.script_elements == 0
+    assert title_words in visit.title
+    colours, inked = pixel_variety(visit.screenshot_png)
+    assert colours >= MIN_COLOURS and inked >= MIN_INKED_FRACTION, (
+        f"blank-looking screenshot: {colours} colours, {inked:.3f} inked"
+    )
+
+
+def test_report_page_in_chromium(chromium: str, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    page.write_text(render_report(sample_report().to_json()), encoding="utf-8")
+    assert_clean_visit(page, chromium, "twinfer report: 7 passed, 2 failed, 2 not run")
+
+
+def test_compare_page_in_chromium(chromium: str, tmp_path: Path) -> None:
+    old = sample_report().to_json()
+    new = json.loads(json.dumps(old))
+    new["checks"][0]["status"] = "failed"
+    page = tmp_path / "compare.html"
+    page.write_text(render_comparison(compare_reports(old, new, "old.json", "new.json")), encoding="utf-8")
+    assert_clean_visit(page, chromium, "1 checks changed")
+
+
+def test_the_browser_check_notices_requests_errors_scripts_and_blank_pages(chromium: str, tmp_path: Path) -> None:
+    """The checks above can fail: a page that fetches, logs an error and runs a script is caught."""
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        "<!DOCTYPE html><html><head><title>bad</title></head><body>"
+        '<img src="http://127.0.0.1:9/probe.png"><script>console.error("boom")</script></body></html>'
+    )
+    visit = visit_page(bad, chromium)
+    assert "http://127.0.0.1:9/probe.png" in visit.foreign_requests
+    assert any(message.text == "boom" for message in visit.errors)
+    assert visit.script_elements == 1
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><head><title>blank</title></head><body></body></html>")
+    colours, inked = pixel_variety(visit_page(blank, chromium).screenshot_png)
+    assert colours < MIN_COLOURS and inked < MIN_INKED_FRACTION
