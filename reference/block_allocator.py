@@ -4,7 +4,8 @@ Blocks are shared by reference count. A block whose K/V is complete (full) is ha
 chained content hash of spec.block_hash and entered in the prefix cache; when its last holder
 lets go it joins the free queue but keeps its hash, so a later request with the same prefix
 reuses it. The free queue is least-recently-freed first: allocation takes its head and evicts
-that block's cache entry if it has one.
+that block's cache entry if it has one. A prefix hit reuses a cached block only if the token
+ids it holds and the hash of the block before it are the request's: a hash collision ends the hit.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from spec.block_hash import NO_PARENT, hash_block
+from spec.block_hash import NO_PARENT, HashFunction, hash_block
 from spec.invariants import AllocatorSnapshot, BlockState
+from spec.scheduling import max_prefix_hit_blocks
 
 
 @dataclass
@@ -32,10 +34,17 @@ class _Block:
 
 
 class BlockAllocator:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        hash_function: HashFunction = hash_block,
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.hash_function = hash_function
         self._blocks = [_Block(block_id) for block_id in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((block_id, None) for block_id in range(num_blocks))
         self._cached: dict[int, int] = {}  # block hash -> block id
@@ -51,19 +60,25 @@ class BlockAllocator:
     def block_table(self, request_id: str) -> list[int]:
         return self._tables.get(request_id, [])
 
-    def cached_prefix(self, token_ids: Sequence[int]) -> list[int]:
-        """Block ids of the longest cached run of leading full blocks, leaving >= 1 token to compute."""
+    def cached_prefix(self, token_ids: Sequence[int], max_blocks: int | None = None) -> list[int]:
+        """Block ids of the longest cached run of leading full blocks, at most `max_blocks` of them
+        (default: `max_prefix_hit_blocks`, which leaves at least one token to compute)."""
         if not self.enable_prefix_caching:
             return []
-        max_blocks = (len(token_ids) - 1) // self.block_size
+        limit = max_prefix_hit_blocks(len(token_ids), self.block_size) if max_blocks is None else max_blocks
         hits: list[int] = []
         parent = NO_PARENT
-        for index in range(max_blocks):
-            parent = hash_block(parent, token_ids[index * self.block_size : (index + 1) * self.block_size])
-            block_id = self._cached.get(parent)
+        for index in range(limit):
+            block_tokens = list(token_ids[index * self.block_size : (index + 1) * self.block_size])
+            block_hash = self.hash_function(parent, block_tokens)
+            block_id = self._cached.get(block_hash)
             if block_id is None:
                 break
+            block = self._blocks[block_id]
+            if block.token_ids != block_tokens or block.parent_hash != parent:
+                break  # a hash collision: the cached block holds another prefix's K/V
             hits.append(block_id)
+            parent = block_hash
         return hits
 
     def can_admit(self, num_tokens: int, cached_block_ids: Sequence[int]) -> bool:
@@ -109,7 +124,7 @@ class BlockAllocator:
         for index in range(len(chain), new_computed // self.block_size):
             block = self._blocks[table[index]]
             parent = chain[-1] if chain else NO_PARENT
-            block_hash = hash_block(parent, block.token_ids)
+            block_hash = self.hash_function(parent, block.token_ids)
             chain.append(block_hash)
             if self.enable_prefix_caching and block_hash not in self._cached:
                 block.block_hash = block_hash
@@ -127,14 +142,6 @@ class BlockAllocator:
                 if block.block_hash is None:
                     block.reset()
                 self._free[block_id] = None
-
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached block that no request holds."""
-        for block_hash, block_id in list(self._cached.items()):
-            block = self._blocks[block_id]
-            if block.ref_count == 0:
-                del self._cached[block_hash]
-                block.reset()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -173,4 +180,5 @@ class BlockAllocator:
             ),
             cached_blocks=dict(self._cached),
             block_tables={request_id: tuple(table) for request_id, table in self._tables.items()},
+            hash_function=self.hash_function,
         )

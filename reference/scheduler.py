@@ -9,17 +9,24 @@ from collections import deque
 from collections.abc import Sequence
 
 from reference.block_allocator import BlockAllocator
+from spec.block_hash import HashFunction, hash_block
 from spec.engine_config import EngineConfig
 from spec.invariants import RequestState, SchedulerSnapshot
-from spec.request import FinishReason, Request, RequestStatus
-from spec.scheduling import ScheduledChunk, StepPlan
+from spec.request import FinishReason, Request, RequestStatus, finish_reason
+from spec.scheduling import ScheduledChunk, StepPlan, max_prefix_hit_blocks
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, eos_token_ids: Sequence[int] = ()) -> None:
+    """Changes a `Request` only through its methods (spec.request's contract)."""
+
+    def __init__(
+        self, config: EngineConfig, eos_token_ids: Sequence[int] = (), hash_function: HashFunction = hash_block
+    ) -> None:
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.allocator = BlockAllocator(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.allocator = BlockAllocator(
+            config.pool_blocks, config.block_size, config.enable_prefix_caching, hash_function
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # Every unfinished request, whatever its queue: redundant with the queues on purpose, so
@@ -85,7 +92,9 @@ class Scheduler:
     def _try_admit(self, request: Request, budget: int) -> int | None:
         """Admit the head of the waiting queue if the pool allows; the number of tokens scheduled."""
         token_ids = request.all_token_ids
-        hit_blocks = self.allocator.cached_prefix(token_ids)
+        wants_prompt_logprobs = request.params.prompt_logprobs is not None
+        max_hit_blocks = max_prefix_hit_blocks(len(token_ids), self.config.block_size, wants_prompt_logprobs)
+        hit_blocks = self.allocator.cached_prefix(token_ids, max_hit_blocks)
         num_cached = len(hit_blocks) * self.config.block_size
         num_tokens = min(len(token_ids) - num_cached, budget)
         if not self.allocator.can_admit(num_cached + num_tokens, hit_blocks):
@@ -115,25 +124,18 @@ class Scheduler:
         for chunk in plan.chunks:
             request = by_id[chunk.request_id]
             old_computed = request.num_computed_tokens
-            request.num_computed_tokens += chunk.num_tokens
-            self.allocator.commit_tokens(request.request_id, request.all_token_ids, old_computed, request.num_computed_tokens)
+            request.advance_computed(chunk.num_tokens)
+            self.allocator.commit_tokens(
+                request.request_id, request.all_token_ids, old_computed, request.num_computed_tokens
+            )
             if chunk.samples:
-                request.output_token_ids.append(sampled[request.request_id])
-                reason = self._finish_reason(request)
+                request.append_token(sampled[request.request_id])
+                reason = finish_reason(request, self.eos_token_ids, self.config.model_len)
                 if reason is not None:
                     self._finish(request, reason)
                     finished.append(request)
         self._scheduled = {}
         return finished
-
-    def _finish_reason(self, request: Request) -> FinishReason | None:
-        token = request.output_token_ids[-1]
-        params = request.params
-        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
-            return FinishReason.STOP
-        if len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= self.config.model_len:
-            return FinishReason.LENGTH
-        return None
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         if request.status is RequestStatus.RUNNING:

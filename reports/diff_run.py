@@ -1,23 +1,31 @@
-"""`twinfer diff`: run one prompt set through two engines and compare the traces."""
+"""`twinfer diff`: run one prompt set through two or more engines and compare every pair of traces."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from reports.differential import DiffRecord, hf_greedy_trace, trace_from_output
+from reports.differential import DiffRecord, PairComparison, hf_greedy_trace, trace_from_output
 from spec.agreement import Trace, compare_traces
-from spec.checkpoint import parse_dtype, resolve_checkpoint
+from spec.checkpoint import load_model_config, parse_dtype, resolve_checkpoint
 from spec.errors import ConfigError
 from spec.sampling_params import SamplingParams
+from twinfer.llm import load_tokenizer
+from twinfer.registry import ENGINE_NAMES, build_engine, check_engine_can_run, resolve_device
 
-logger = logging.getLogger(__name__)
+HF = "hf"
+DIFF_ENGINES = (*ENGINE_NAMES, HF)
 
-DIFF_ENGINES = ("reference", "hf")
-TraceRunner = Callable[[Sequence[Sequence[int]]], list[Trace]]
+
+def check_diff_engines(engines: Sequence[str]) -> None:
+    if len(engines) < 2 or len(set(engines)) != len(engines) or any(name not in DIFF_ENGINES for name in engines):
+        raise ConfigError(
+            f"--engines takes two or more distinct engines of {', '.join(DIFF_ENGINES)}, got {','.join(engines)}"
+        )
 
 
 def run_diff(
@@ -31,38 +39,67 @@ def run_diff(
     text_prompts: Sequence[str],
     token_prompts: Sequence[Sequence[int]],
 ) -> DiffRecord:
-    if len(engines) != 2 or any(name not in DIFF_ENGINES for name in engines):
-        raise ConfigError(f"--engines takes two of {', '.join(DIFF_ENGINES)}, got {','.join(engines)}")
-    from reference.llm import LLM
-
+    """Greedy traces of every prompt from each engine, then every pair of engines compared (in the order named)."""
+    check_diff_engines(engines)
+    target = resolve_device(device)
+    for name in engines:  # fail before any engine runs, not after the first has taken minutes
+        if name != HF:
+            check_engine_can_run(name, target)
     checkpoint = resolve_checkpoint(model)
-    llm = LLM(checkpoint, engine="reference", dtype=dtype, device=device)
-    prompts = [llm.encode(text) for text in text_prompts] + [list(p) for p in token_prompts]
-    runners = {name: _runner(name, llm, max_new_tokens, top_k) for name in engines}
-    traces = {name: runners[name](prompts) for name in engines}
-    rule = "exact" if llm.dtype == torch.float32 else "near-tie"
-    record = DiffRecord(engines=list(engines), model=str(checkpoint), dtype=str(llm.dtype).removeprefix("torch."),
-                        max_new_tokens=max_new_tokens, top_k=top_k)
-    candidate, baseline = engines
-    for index, prompt in enumerate(prompts):
-        comparison = compare_traces(traces[candidate][index], traces[baseline][index], logprob_tolerance, rule)
-        record.prompts.append({"index": index, "num_prompt_tokens": len(prompt), "rule": rule, **comparison.to_dict()})
+    torch_dtype = parse_dtype(dtype, load_model_config(checkpoint))
+    tokenizer = load_tokenizer(checkpoint) if text_prompts else None
+    prompts = [list(tokenizer.encode(text, add_special_tokens=False)) for text in text_prompts]
+    prompts += [list(p) for p in token_prompts]
+    traces: dict[str, list[Trace]] = {}
+    for name in tqdm(engines, desc="engines", leave=False):
+        if name == HF:
+            traces[name] = _hf_traces(checkpoint, torch_dtype, target, prompts, max_new_tokens, top_k)
+        else:
+            traces[name] = _engine_traces(name, checkpoint, torch_dtype, target, prompts, max_new_tokens, top_k)
+    rule = "exact" if torch_dtype == torch.float32 else "near-tie"
+    record = DiffRecord(
+        engines=list(engines),
+        model=str(checkpoint),
+        dtype=str(torch_dtype).removeprefix("torch."),
+        max_new_tokens=max_new_tokens,
+        top_k=top_k,
+    )
+    for candidate, baseline in itertools.combinations(engines, 2):
+        comparison = PairComparison(candidate, baseline)
+        for index, prompt in enumerate(prompts):
+            agreement = compare_traces(traces[candidate][index], traces[baseline][index], logprob_tolerance, rule)
+            comparison.prompts.append(
+                {"index": index, "num_prompt_tokens": len(prompt), "rule": rule, **agreement.to_dict()}
+            )
+        record.comparisons.append(comparison)
     return record
 
 
-def _runner(name: str, llm, max_new_tokens: int, top_k: int) -> TraceRunner:
-    if name == "reference":
-        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True, logprobs=top_k)
+def _engine_traces(
+    name: str,
+    checkpoint: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    top_k: int,
+) -> list[Trace]:
+    engine = build_engine(name, checkpoint, None, dtype, device)
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True, logprobs=top_k)
+    return [trace_from_output(output) for output in engine.generate(prompts, params)]
 
-        def run_reference(prompts: Sequence[Sequence[int]]) -> list[Trace]:
-            return [trace_from_output(output) for output in llm.engine.generate(prompts, params)]
 
-        return run_reference
+def _hf_traces(
+    checkpoint: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    top_k: int,
+) -> list[Trace]:
+    from transformers import AutoModelForCausalLM
 
-    def run_hf(prompts: Sequence[Sequence[int]]) -> list[Trace]:
-        from transformers import AutoModelForCausalLM
-
-        hf_model = AutoModelForCausalLM.from_pretrained(str(llm.checkpoint), dtype=parse_dtype(llm.dtype)).to(llm.device).eval()
-        return [hf_greedy_trace(hf_model, p, max_new_tokens, top_k) for p in tqdm(prompts, desc="transformers", leave=False)]
-
-    return run_hf
+    hf_model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype).to(device).eval()
+    return [
+        hf_greedy_trace(hf_model, p, max_new_tokens, top_k) for p in tqdm(prompts, desc="transformers", leave=False)
+    ]

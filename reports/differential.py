@@ -10,6 +10,7 @@ import torch
 
 from spec.agreement import Trace
 
+
 @torch.inference_mode()
 def hf_greedy_trace(hf_model: torch.nn.Module, prompt: Sequence[int], max_new_tokens: int, top_k: int) -> Trace:
     """Greedy decoding with a transformers causal LM and its own KV cache (no logits processors,
@@ -24,7 +25,10 @@ def hf_greedy_trace(hf_model: torch.nn.Module, prompt: Sequence[int], max_new_to
         logprobs = torch.log_softmax(logits, dim=-1)
         next_token = int(torch.argmax(logits))
         top = torch.topk(logprobs, k=top_k)
-        tops.append(dict(zip(top.indices.tolist(), top.values.tolist())) | {next_token: float(logprobs[next_token])})
+        tops.append(
+            dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+            | {next_token: float(logprobs[next_token])}
+        )
         tokens.append(next_token)
         if len(tokens) == max_new_tokens:
             break
@@ -48,14 +52,11 @@ def trace_from_output(output) -> Trace:  # output: spec.request.RequestOutput
 
 
 @dataclass
-class DiffRecord:
-    """The JSON record of a `twinfer diff` run."""
+class PairComparison:
+    """One engine's traces against another's, prompt by prompt."""
 
-    engines: list[str]
-    model: str
-    dtype: str
-    max_new_tokens: int
-    top_k: int
+    candidate: str
+    baseline: str
     prompts: list[dict[str, object]] = field(default_factory=list)
 
     @property
@@ -65,3 +66,29 @@ class DiffRecord:
     def to_dict(self) -> dict[str, object]:
         return {**asdict(self), "all_agree": self.all_agree}
 
+
+@dataclass
+class DiffRecord:
+    """The JSON record of a `twinfer diff` run: every pair of the engines named, compared."""
+
+    engines: list[str]
+    model: str
+    dtype: str
+    max_new_tokens: int
+    top_k: int
+    comparisons: list[PairComparison] = field(default_factory=list)
+
+    @property
+    def all_agree(self) -> bool:
+        return all(comparison.all_agree for comparison in self.comparisons)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "engines": self.engines,
+            "model": self.model,
+            "dtype": self.dtype,
+            "max_new_tokens": self.max_new_tokens,
+            "top_k": self.top_k,
+            "comparisons": [comparison.to_dict() for comparison in self.comparisons],
+            "all_agree": self.all_agree,
+        }

@@ -7,15 +7,61 @@ from pathlib import Path
 
 import pytest
 
-from reports.cli import build_parser, main
+from reports.bench import WORKLOAD_SUMMARIES
+from twinfer import cli
+from twinfer.cli import build_parser, main
+
+HELP_COMMANDS = [
+    [],
+    ["generate"],
+    ["tiny-model"],
+    ["diff"],
+    ["bench"],
+    ["bench", "kernels"],
+    *(["bench", workload] for workload in WORKLOAD_SUMMARIES),
+]
 
 
-@pytest.mark.parametrize("command", [[], ["generate"], ["tiny-model"], ["diff"], ["bench"], ["bench", "kernels"]])
+@pytest.mark.parametrize("command", HELP_COMMANDS, ids=lambda command: " ".join(command) or "twinfer")
 def test_help_for_every_command(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args([*command, "--help"])
     assert exit_info.value.code == 0
     assert "usage: twinfer" in capsys.readouterr().out
+
+
+def test_engine_settings_are_offered_for_every_engine_config_field(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    usage = capsys.readouterr().out
+    for flag in (
+        "--block-size",
+        "--num-blocks",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--max-model-len",
+        "--prefix-caching",
+        "--no-prefix-caching",
+        "--gpu-memory-utilization",
+        "--no-cuda-graphs",
+    ):
+        assert flag in usage
+
+
+def test_optional_commands_appear_only_when_their_module_offers_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        cli,
+        "OPTIONAL_COMMANDS",
+        (
+            ("absent", "reports.no_such_module", "a module that does not exist"),
+            ("absent-package", "no_such_package.cli", "a package that does not exist"),
+            ("unfinished", "reports.tiny_model", "a module without configure_parser and run"),
+            ("kernels-again", "reports.kernel_bench", "a module that offers both"),
+        ),
+    )
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert "kernels-again" in commands
+    assert not {"absent", "absent-package", "unfinished"} & set(commands)
 
 
 def test_tiny_model_is_deterministic_for_a_seed(tmp_path: Path) -> None:
@@ -28,13 +74,57 @@ def test_tiny_model_is_deterministic_for_a_seed(tmp_path: Path) -> None:
 
 
 def test_generate_prints_json(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["generate", "--model", str(tiny_checkpoint), "--device", "cpu", "--token-ids", "1,2,3",
-                 "--max-tokens", "5", "--ignore-eos", "--logprobs", "2", "--json"])
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(tiny_checkpoint),
+            "--device",
+            "cpu",
+            "--token-ids",
+            "1,2,3",
+            "--max-tokens",
+            "5",
+            "--ignore-eos",
+            "--logprobs",
+            "2",
+            "--json",
+        ]
+    )
     assert code == 0
     record = json.loads(capsys.readouterr().out.strip())
     assert record["prompt_token_ids"] == [1, 2, 3]
     assert len(record["token_ids"]) == 5 and record["finish_reason"] == "length"
     assert len(record["logprobs"]) == 5 and len(record["logprobs"][0]["top"]) == 2
+
+
+def test_generate_passes_engine_settings(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two identical prompts: with prefix caching the second is served from the cache, without it not."""
+    prompt = ",".join(str(i) for i in range(1, 20))
+    common = [
+        "generate",
+        "--model",
+        str(tiny_checkpoint),
+        "--device",
+        "cpu",
+        "--engine",
+        "reference",
+        "--token-ids",
+        prompt,
+        "--max-tokens",
+        "2",
+        "--json",
+        "--block-size",
+        "8",
+        "--max-num-batched-tokens",
+        "19",
+    ]
+    assert main([*common, "--token-ids", prompt]) == 0  # a budget of one prompt per step: the second one hits
+    cached = [json.loads(line)["num_cached_prompt_tokens"] for line in capsys.readouterr().out.splitlines()]
+    assert cached == [0, 16]
+    assert main([*common, "--token-ids", prompt, "--no-prefix-caching"]) == 0
+    cached = [json.loads(line)["num_cached_prompt_tokens"] for line in capsys.readouterr().out.splitlines()]
+    assert cached == [0, 0]
 
 
 def test_generate_reports_bad_input_clearly(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,7 +133,26 @@ def test_generate_reports_bad_input_clearly(tiny_checkpoint: Path, capsys: pytes
     assert "twinfer: error: top_p must be in (0, 1]" in capsys.readouterr().err
 
 
-def test_generate_uses_the_built_in_model_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_reports_bad_engine_settings_clearly(
+    tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["generate", "--model", str(tiny_checkpoint), "--device", "cpu", "--block-size", "12"])
+    assert code == 2
+    assert "twinfer: error: block_size must be a power of two, got 12" in capsys.readouterr().err
+
+
+def test_generate_fast_on_cpu_without_interpreter_is_a_clear_error(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    code = main(["generate", "--model", str(tiny_checkpoint), "--device", "cpu", "--engine", "fast"])
+    assert code == 2
+    assert "set TRITON_INTERPRET=1" in capsys.readouterr().err
+
+
+def test_generate_uses_the_built_in_model_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("TWINFER_CACHE", str(tmp_path))
     assert main(["generate", "--device", "cpu", "--prompt", "Hello", "--max-tokens", "3"]) == 0
     assert (tmp_path / "tiny-qwen3-seed0" / "model.safetensors").is_file()
@@ -53,13 +162,58 @@ def test_generate_uses_the_built_in_model_by_default(tmp_path: Path, monkeypatch
 @pytest.mark.differential
 def test_diff_reports_full_agreement(tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     record_path = tmp_path / "diff.json"
-    code = main(["diff", "--engines", "reference,hf", "--model", str(tiny_checkpoint), "--device", "cpu",
-                 "--max-new-tokens", "16", "--json", str(record_path)])
+    code = main(
+        [
+            "diff",
+            "--engines",
+            "reference,hf",
+            "--model",
+            str(tiny_checkpoint),
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "16",
+            "--json",
+            str(record_path),
+        ]
+    )
     assert code == 0
     assert "full agreement" in capsys.readouterr().out
     record = json.loads(record_path.read_text())
-    assert record["all_agree"] and len(record["prompts"]) == 6
-    assert all(p["first_divergence"] is None and p["num_tokens"] == 16 for p in record["prompts"])
+    assert record["all_agree"] and record["engines"] == ["reference", "hf"]
+    (comparison,) = record["comparisons"]
+    assert (comparison["candidate"], comparison["baseline"]) == ("reference", "hf") and len(comparison["prompts"]) == 6
+    assert all(p["first_divergence"] is None and p["num_tokens"] == 16 for p in comparison["prompts"])
+
+
+@pytest.mark.differential
+def test_diff_compares_every_pair_of_three_engines(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """fast (through Triton's interpreter on the CPU), reference and transformers: three pairs."""
+    record_path = tmp_path / "diff.json"
+    code = main(
+        [
+            "diff",
+            "--engines",
+            "fast,reference,hf",
+            "--model",
+            str(tiny_checkpoint),
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "3",
+            "--json",
+            str(record_path),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "full agreement" in out and "fast vs reference, fast vs hf, reference vs hf" in out
+    record = json.loads(record_path.read_text())
+    pairs = [(c["candidate"], c["baseline"]) for c in record["comparisons"]]
+    assert pairs == [("fast", "reference"), ("fast", "hf"), ("reference", "hf")]
+    assert all(len(c["prompts"]) == 6 and c["all_agree"] for c in record["comparisons"])
 
 
 @pytest.mark.differential
@@ -76,12 +230,33 @@ def test_diff_exits_nonzero_on_disagreement(
         return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
     monkeypatch.setattr(reference.model, "rotate_half", interleaved_rotation)
-    code = main(["diff", "--engines", "reference,hf", "--model", str(tiny_checkpoint), "--device", "cpu", "--max-new-tokens", "8"])
+    code = main(
+        [
+            "diff",
+            "--engines",
+            "reference,hf",
+            "--model",
+            str(tiny_checkpoint),
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "8",
+        ]
+    )
     assert code == 1
     out = capsys.readouterr().out
     assert "DISAGREE" in out and "DISAGREEMENT" in out
 
 
-def test_diff_rejects_unknown_engines(tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["diff", "--engines", "reference,vllm", "--model", str(tiny_checkpoint), "--device", "cpu"]) == 2
-    assert "--engines takes two of reference, hf" in capsys.readouterr().err
+@pytest.mark.parametrize("engines", ["reference,vllm", "reference", "hf,hf"])
+def test_diff_rejects_bad_engine_lists(engines: str, tiny_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diff", "--engines", engines, "--model", str(tiny_checkpoint), "--device", "cpu"]) == 2
+    assert "--engines takes two or more distinct engines of fast, reference, hf" in capsys.readouterr().err
+
+
+def test_diff_with_fast_on_cpu_without_interpreter_fails_before_running(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert main(["diff", "--engines", "reference,fast", "--model", str(tiny_checkpoint), "--device", "cpu"]) == 2
+    assert "set TRITON_INTERPRET=1" in capsys.readouterr().err

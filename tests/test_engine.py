@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reference.llm import LLM
+from twinfer import LLM
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError, InvalidRequestError
 from spec.request import FinishReason, RequestStatus

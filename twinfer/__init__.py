@@ -1,1 +1,7 @@
 """twinfer's public entry point: `from twinfer import LLM, SamplingParams`."""
+
+from spec.engine_config import EngineConfig
+from spec.sampling_params import SamplingParams
+from twinfer.llm import LLM
+
+__all__ = ["LLM", "EngineConfig", "SamplingParams"]

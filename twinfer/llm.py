@@ -2,67 +2,56 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from reference.engine import ReferenceEngine
-from spec.engine import default_device
 from spec.checkpoint import load_model_config, parse_dtype, resolve_checkpoint
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError, InvalidRequestError
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
-
-logger = logging.getLogger(__name__)
-
-ENGINES = ("reference",)
+from twinfer.registry import build_engine, default_engine_name, resolve_device
 
 Prompt = str | Sequence[int]
 
 
 class LLM:
-    """LLM(model, engine="reference", dtype="auto", device=None, engine_config=None).
+    """LLM(model, engine=None, dtype="auto", device=None, engine_config=None).
 
     model: a checkpoint directory or a Hugging Face hub id.
-    engine: "reference" (the pure-PyTorch engine). The fast engine is not built yet.
+    engine: "fast" (Triton kernels; needs CUDA, or TRITON_INTERPRET=1 on the CPU) or "reference"
+        (plain PyTorch). Default: "fast" on CUDA, "reference" elsewhere.
     dtype: "auto" (the checkpoint's), "float32", "float16" or "bfloat16".
     device: "cpu", "cuda", ...; default CUDA when available.
+    engine_config: KV pool and scheduler limits (spec.engine_config.EngineConfig).
     """
 
     def __init__(
         self,
         model: str | Path,
-        engine: str = "reference",
+        engine: str | None = None,
         dtype: str | torch.dtype = "auto",
         device: str | torch.device | None = None,
         engine_config: EngineConfig | None = None,
     ) -> None:
-        if engine not in ENGINES:
-            raise ConfigError(f"unknown engine {engine!r}; available: {', '.join(ENGINES)}")
         self.checkpoint = resolve_checkpoint(model)
-        model_config = load_model_config(self.checkpoint)
-        self.dtype = parse_dtype(dtype, model_config)
-        self.device = torch.device(device) if device is not None else default_device()
-        self.engine = ReferenceEngine.from_pretrained(self.checkpoint, engine_config, self.dtype, self.device)
+        self.dtype = parse_dtype(dtype, load_model_config(self.checkpoint))
+        self.device = resolve_device(device)
+        self.engine_name = engine if engine is not None else default_engine_name(self.device)
+        self.engine = build_engine(self.engine_name, self.checkpoint, engine_config, self.dtype, self.device)
         self._tokenizer = None
 
     @property
     def tokenizer(self):  # -> transformers.PreTrainedTokenizerBase
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            try:
-                self._tokenizer = AutoTokenizer.from_pretrained(str(self.checkpoint))
-            except Exception as error:
-                raise ConfigError(f"checkpoint {self.checkpoint} has no usable tokenizer: {error}") from error
+            self._tokenizer = load_tokenizer(self.checkpoint)
         return self._tokenizer
 
     def has_tokenizer(self) -> bool:
-        return any(self.checkpoint.glob("tokenizer*"))
+        return has_tokenizer(self.checkpoint)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -79,7 +68,21 @@ class LLM:
         outputs = self.engine.generate(token_prompts, sampling_params)
         if not self.has_tokenizer():
             return outputs
-        return [_with_text(output, self.tokenizer.decode(list(output.token_ids))) for output in outputs]
+        return [replace(output, text=self.tokenizer.decode(list(output.token_ids))) for output in outputs]
+
+
+def has_tokenizer(checkpoint: Path) -> bool:
+    return any(checkpoint.glob("tokenizer*"))
+
+
+def load_tokenizer(checkpoint: Path):  # -> transformers.PreTrainedTokenizerBase
+    """The checkpoint's own tokenizer, through transformers."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(checkpoint))
+    except Exception as error:  # transformers raises many types here; all mean "no usable tokenizer"
+        raise ConfigError(f"checkpoint {checkpoint} has no usable tokenizer: {error}") from error
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
@@ -91,7 +94,3 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
         return [prompts]  # a single prompt of token ids
     return prompts
-
-
-def _with_text(output: RequestOutput, text: str) -> RequestOutput:
-    return replace(output, text=text)

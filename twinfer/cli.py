@@ -1,0 +1,293 @@
+"""The `twinfer` command: generate, tiny-model, diff, bench, and the subcommands other modules offer."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+from reports import bench, kernel_bench
+from reports.tiny_model import TINY_ARCHITECTURES
+from spec.errors import TwinferError
+from spec.request import RequestOutput
+from spec.sampling_params import SamplingParams
+from twinfer.engine_options import add_engine_arguments, engine_config_from_args
+from twinfer.registry import ENGINE_NAMES, ENGINES
+
+DIFF_TEXT_PROMPTS = (
+    "The quick brown fox",
+    "Once upon a time there was a small model with random weights.",
+    "Hello world!",
+    "A verified inference engine computes the same tokens as its reference, token by token. "
+    "Attention reads keys and values from a paged cache; blocks that hold a shared prefix are reused.",
+)
+DIFF_TOKEN_PROMPTS = ((7,), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17))
+
+# Subcommands whose code lives in modules that may not be present: (name, module, help).
+# Each module provides configure_parser(parser) and run(args) -> int.
+OPTIONAL_COMMANDS = (
+    ("train-tiny", "reports.train_tiny", "train a tiny model so differential runs see peaked distributions"),
+    ("report", "reports.report", "build the HTML report of committed measurements"),
+    ("serve", "twinfer.server.cli", "serve an OpenAI-compatible HTTP API"),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.handler(args))
+    except TwinferError as error:
+        print(f"twinfer: error: {error}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="twinfer",
+        description="twinfer: a verified twin of a reference and a fast LLM inference engine.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_generate_command(commands)
+    _add_tiny_model_command(commands)
+    _add_diff_command(commands)
+    _add_bench_command(commands)
+    for name, module_name, help_text in OPTIONAL_COMMANDS:
+        module = _optional_module(module_name)
+        if module is not None:
+            command = commands.add_parser(name, help=help_text)
+            module.configure_parser(command)
+            command.set_defaults(handler=module.run)
+    return parser
+
+
+def _add_generate_command(commands: argparse._SubParsersAction) -> None:
+    generate = commands.add_parser("generate", help="generate text or token ids from a prompt")
+    _add_model_arguments(generate)
+    generate.add_argument(
+        "--engine",
+        default=None,
+        choices=ENGINE_NAMES,
+        help="which engine runs (default: fast on CUDA, reference on the CPU): "
+        + "; ".join(f"{entry.name}: {entry.summary}" for entry in ENGINES.values()),
+    )
+    source = generate.add_mutually_exclusive_group()
+    source.add_argument("--prompt", action="append", help="a text prompt (repeat for a batch)")
+    source.add_argument(
+        "--token-ids", action="append", help="a prompt as comma-separated token ids (repeat for a batch)"
+    )
+    _add_sampling_arguments(generate)
+    add_engine_arguments(generate)
+    generate.add_argument("--json", action="store_true", help="print outputs as JSON lines")
+    generate.set_defaults(handler=_run_generate)
+
+
+def _add_tiny_model_command(commands: argparse._SubParsersAction) -> None:
+    tiny = commands.add_parser(
+        "tiny-model", help="write a built-in tiny checkpoint (random weights; Qwen3 by default) to DIR"
+    )
+    tiny.add_argument("directory", type=Path, help="where to write config.json, model.safetensors and the tokenizer")
+    tiny.add_argument("--seed", type=int, default=0, help="weights are deterministic for a seed (default 0)")
+    tiny.add_argument(
+        "--architecture", default="qwen3", choices=sorted(TINY_ARCHITECTURES), help="model family (default qwen3)"
+    )
+    tiny.set_defaults(handler=_run_tiny_model)
+
+
+def _add_diff_command(commands: argparse._SubParsersAction) -> None:
+    from reports.diff_run import DIFF_ENGINES
+
+    diff = commands.add_parser(
+        "diff", help="run a fixed prompt set through two or more engines and compare every pair token by token"
+    )
+    _add_model_arguments(diff)
+    diff.add_argument(
+        "--engines",
+        default="reference,hf",
+        help=f"two or more engines, comma-separated, every pair compared; of {', '.join(DIFF_ENGINES)} "
+        "(default reference,hf)",
+    )
+    diff.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
+    diff.add_argument("--top-k", type=int, default=5, help="top log-probabilities compared per token (default 5)")
+    diff.add_argument(
+        "--logprob-tolerance", type=float, default=1e-4, help="largest allowed logprob difference in fp32"
+    )
+    diff.add_argument("--json", type=Path, help="write the comparison record as JSON to this file")
+    diff.set_defaults(handler=_run_diff)
+
+
+def _add_bench_command(commands: argparse._SubParsersAction) -> None:
+    bench_parser = commands.add_parser("bench", help="benchmarks: the standard workloads, or the Triton kernels")
+    workloads = bench_parser.add_subparsers(dest="bench_command", required=True)
+    kernels = workloads.add_parser("kernels", help="time each Triton kernel beside torch's implementation (GPU)")
+    kernel_bench.configure_parser(kernels)
+    kernels.set_defaults(handler=kernel_bench.run)
+    for name, summary in bench.WORKLOAD_SUMMARIES.items():
+        workload = workloads.add_parser(name, help=summary, description=summary)
+        bench.configure_parser(workload)
+        workload.set_defaults(handler=bench.run, workload=name)
+
+
+def _optional_module(module_name: str) -> ModuleType | None:
+    """The module, or None when it (or its package) is not part of this checkout or does not offer
+    configure_parser and run yet."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            return None
+        raise
+    return module if hasattr(module, "configure_parser") and hasattr(module, "run") else None
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint directory or Hugging Face hub id (default: the built-in tiny model, created on first use)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="weight and activation dtype (default float32)",
+    )
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+
+
+def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="relative probability floor (0: off)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate at most (default 32)")
+    parser.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    parser.add_argument("--stop-token-ids", default="", help="comma-separated extra stop token ids")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: drawn per request)")
+    parser.add_argument("--logprobs", type=int, default=0, help="top log-probabilities to return per token (0-20)")
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise SystemExit(f"twinfer: error: token ids must be comma-separated integers: {text!r}") from error
+
+
+def _model_path(args: argparse.Namespace) -> str:
+    if args.model is not None:
+        return args.model
+    from reports.tiny_model import ensure_tiny_model
+
+    return str(ensure_tiny_model())
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from twinfer.llm import LLM
+
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        max_tokens=args.max_tokens,
+        ignore_eos=args.ignore_eos,
+        stop_token_ids=tuple(_parse_ids(args.stop_token_ids)),
+        seed=args.seed,
+        logprobs=args.logprobs,
+    )
+    llm = LLM(
+        _model_path(args),
+        engine=args.engine,
+        dtype=args.dtype,
+        device=args.device,
+        engine_config=engine_config_from_args(args),
+    )
+    if args.token_ids:
+        prompts: list = [_parse_ids(text) for text in args.token_ids]
+    else:
+        prompts = args.prompt or ["Once upon a time"]
+    for output in llm.generate(prompts, params):
+        if args.json:
+            print(json.dumps(_output_record(output)))
+        else:
+            finish = output.finish_reason.value if output.finish_reason else None
+            print(f"[{output.request_id}] finish={finish} tokens={list(output.token_ids)}")
+            if output.text is not None:
+                print(output.text)
+    return 0
+
+
+def _output_record(output: RequestOutput) -> dict[str, object]:
+    logprobs = None
+    if output.logprobs:
+        logprobs = [
+            {"token_id": entry.token_id, "logprob": entry.logprob, "top": [list(pair) for pair in entry.top]}
+            for entry in output.logprobs
+        ]
+    return {
+        "request_id": output.request_id,
+        "prompt_token_ids": list(output.prompt_token_ids),
+        "token_ids": list(output.token_ids),
+        "text": output.text,
+        "finish_reason": output.finish_reason.value if output.finish_reason else None,
+        "num_cached_prompt_tokens": output.num_cached_prompt_tokens,
+        "logprobs": logprobs,
+    }
+
+
+def _run_tiny_model(args: argparse.Namespace) -> int:
+    from reports.tiny_model import write_tiny_model
+
+    path = write_tiny_model(args.directory, seed=args.seed, architecture=args.architecture)
+    print(f"wrote tiny {args.architecture} checkpoint (seed {args.seed}) to {path}")
+    return 0
+
+
+def _run_diff(args: argparse.Namespace) -> int:
+    from reports.diff_run import check_diff_engines, run_diff
+
+    engines = [name.strip() for name in args.engines.split(",") if name.strip()]
+    check_diff_engines(engines)  # before the tiny model is built or anything loads
+    record = run_diff(
+        model=_model_path(args),
+        engines=engines,
+        dtype=args.dtype,
+        device=args.device,
+        max_new_tokens=args.max_new_tokens,
+        top_k=args.top_k,
+        logprob_tolerance=args.logprob_tolerance,
+        text_prompts=DIFF_TEXT_PROMPTS,
+        token_prompts=DIFF_TOKEN_PROMPTS,
+    )
+    for comparison in record.comparisons:
+        print(f"{comparison.candidate} vs {comparison.baseline}:")
+        for entry in comparison.prompts:
+            status = "agree" if entry["agree"] else "DISAGREE"
+            divergence = entry["first_divergence"]
+            where = "identical" if divergence is None else f"first divergence at token {divergence}"
+            print(
+                f"  {status:9} prompt {entry['index']} ({entry['num_prompt_tokens']} tokens): {where}, "
+                f"max |dlogprob| {entry['max_logprob_error']:.2e}"
+            )
+    pairs = ", ".join(f"{c.candidate} vs {c.baseline}" for c in record.comparisons)
+    num_prompts = len(DIFF_TEXT_PROMPTS) + len(DIFF_TOKEN_PROMPTS)
+    verdict = "full agreement" if record.all_agree else "DISAGREEMENT"
+    print(f"{verdict}: {num_prompts} prompts, {record.max_new_tokens} tokens each, {pairs}")
+    if args.json:
+        args.json.write_text(json.dumps(record.to_dict(), indent=2))
+    return 0 if record.all_agree else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
