@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import platform
+import re
 import statistics
 import sys
 import time
@@ -285,6 +286,8 @@ def evaluate(checkpoint: Path, device: torch.device, settings: EvalSettings, max
             f"greedy_identical_{MIN_IDENTICAL_GREEDY_TOKENS}_tokens_on_most_prompts": bool(
                 at_least * 2 > prompts.shape[0]
             ),
+            # `twinfer generate --prompt "def "` should print Python, not a loop of one name.
+            "greedy_def_prompt_writes_a_signature": bool(sample_text and SIGNATURE.match(sample_text)),
         },
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -327,6 +330,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"greedy identical tokens per prompt: {greedy_record['identical_tokens_per_prompt']}")
     print(f"sample: {record['greedy_sample_float32']!r}")
     return 0 if all(record["acceptance"].values()) else 1
+
+
+SIGNATURE = re.compile(r"def \w+\([^()]*\):")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -150,13 +150,15 @@ def test_generate_fast_on_cpu_without_interpreter_is_a_clear_error(
     assert "set TRITON_INTERPRET=1" in capsys.readouterr().err
 
 
-def test_generate_uses_the_built_in_model_by_default(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("TWINFER_CACHE", str(tmp_path))
-    assert main(["generate", "--device", "cpu", "--prompt", "Hello", "--max-tokens", "3"]) == 0
-    assert (tmp_path / "tiny-qwen3-seed0" / "model.safetensors").is_file()
-    assert "finish=" in capsys.readouterr().out
+def test_generate_uses_the_built_in_model_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """No --model: the shipped stdlib-tiny model, whose tokenizer knows Python ("def " is one token)."""
+    from twinfer.default_model import DEFAULT_MODEL_DIR
+
+    assert main(["generate", "--device", "cpu", "--prompt", "def ", "--max-tokens", "3", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.splitlines()[0])
+    from transformers import AutoTokenizer
+
+    assert record["prompt_token_ids"] == AutoTokenizer.from_pretrained(str(DEFAULT_MODEL_DIR)).encode("def ")
 
 
 @pytest.mark.differential

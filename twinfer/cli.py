@@ -20,9 +20,10 @@ from twinfer.engine_options import add_engine_arguments, engine_config_from_args
 from twinfer.registry import ENGINE_NAMES, ENGINES
 
 DIFF_TEXT_PROMPTS = (
+    "def ",
+    "import os\nimport sys\n\n\ndef main(argv):\n    ",
+    "class Queue:\n    def __init__(self, maxsize=0):\n        self.",
     "The quick brown fox",
-    "Once upon a time there was a small model with random weights.",
-    "Hello world!",
     "A verified inference engine computes the same tokens as its reference, token by token. "
     "Attention reads keys and values from a paged cache; blocks that hold a shared prefix are reused.",
 )
@@ -154,7 +155,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help="checkpoint directory or Hugging Face hub id (default: the built-in tiny model, created on first use)",
+        help="checkpoint directory or Hugging Face hub id (default: the built-in stdlib-tiny model, trained on the Python standard library)",
     )
     parser.add_argument(
         "--dtype",
@@ -187,9 +188,9 @@ def _parse_ids(text: str) -> list[int]:
 def _model_path(args: argparse.Namespace) -> str:
     if args.model is not None:
         return args.model
-    from reports.tiny_model import ensure_tiny_model
+    from twinfer.default_model import default_model
 
-    return str(ensure_tiny_model())
+    return str(default_model())
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -258,7 +259,7 @@ def _run_diff(args: argparse.Namespace) -> int:
     from reports.diff_run import check_diff_engines, run_diff
 
     engines = [name.strip() for name in args.engines.split(",") if name.strip()]
-    check_diff_engines(engines)  # before the tiny model is built or anything loads
+    check_diff_engines(engines)  # before anything loads
     record = run_diff(
         model=_model_path(args),
         engines=engines,

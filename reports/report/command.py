@@ -24,11 +24,10 @@ DEFAULT_DTYPES = "float32,bfloat16"
 
 
 def default_model() -> Path:
-    """The checkpoint a report uses when --model is not given: the built-in tiny Qwen3 (random weights,
-    written to the cache on first use). Switch here to the trained stdlib-tiny model once it ships."""
-    from reports.tiny_model import ensure_tiny_model
+    """The checkpoint a report uses when --model is not given: the built-in trained stdlib-tiny model."""
+    from twinfer.default_model import default_model as built_in
 
-    return ensure_tiny_model()
+    return built_in()
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
