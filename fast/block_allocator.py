@@ -71,10 +71,16 @@ class FreeBlockQueue:
         return self._is_free[block_id]
 
     def __iter__(self) -> Iterator[int]:
+        # Bounded walk: links broken by a bug must raise, not loop forever (snapshots iterate this).
         node = self._next[self._sentinel]
-        while node != self._sentinel:
+        for _ in range(self._sentinel + 1):
+            if node == self._sentinel:
+                return
             yield node
             node = self._next[node]
+        raise RuntimeError(
+            f"the free queue's links are corrupt: no way back to its start within {self._sentinel} blocks"
+        )
 
     def append(self, block_id: int) -> None:
         if self._is_free[block_id]:
@@ -185,7 +191,9 @@ class BlockAllocator:
             self._hold(block_id)
         self._tables[request_id] = list(cached_block_ids)
         if chain is None:
-            chain = BlockHashChain(self.block_size, self.hash_function, [self._block_hashes[b] for b in cached_block_ids])  # type: ignore[misc]
+            chain = BlockHashChain(
+                self.block_size, self.hash_function, [self._block_hashes[b] for b in cached_block_ids]
+            )  # type: ignore[misc]
         self._chains[request_id] = chain
         self._blocks_considered[request_id] = len(cached_block_ids)
 

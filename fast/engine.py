@@ -4,6 +4,12 @@ Same public API as the reference engine (spec.engine.ScheduledEngine: add_reques
 generate, has_unfinished); it differs only in how one step executes: the plan's chunks go into
 persistent device buffers (fast.input_batch), one forward pass computes logits only for the rows
 that sample or score prompt positions, and the sampler picks tokens on the device.
+
+Tensor parallelism (`tensor_parallel_size` N > 1, or EngineConfig.tensor_parallel_size): this
+process is rank 0. It runs the scheduler and the sampler, and each step sends its inputs to ranks
+1..N-1 once (fast.tp_launch starts and stops them, fast.tp_worker is their loop). A rank that
+fails makes `step` raise TensorParallelError; `shutdown()` (also `with FastEngine(...)`, garbage
+collection and interpreter exit) ends every rank.
 """
 
 from __future__ import annotations
@@ -11,8 +17,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import TracebackType
 
 import torch
 
@@ -20,6 +29,8 @@ from fast.input_batch import SequenceInput
 from fast.model_runner import ModelRunner
 from fast.sampler import Sampler
 from fast.scheduler import Scheduler
+from fast.sharded_loading import CheckpointWeights, WeightSource
+from fast.tp_launch import TensorParallelRuntime, start_tensor_parallel
 from spec.checkpoint import load_model_config, load_state_dict, parse_dtype, resolve_checkpoint
 from spec.engine import SampledToken, ScheduledEngine, default_device
 from spec.engine_config import EngineConfig
@@ -50,16 +61,32 @@ class FastEngine(ScheduledEngine):
     def __init__(
         self,
         model_config: ModelConfig,
-        state_dict: dict[str, torch.Tensor],
+        state_dict: Mapping[str, torch.Tensor] | WeightSource,
         engine_config: EngineConfig | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        tensor_parallel_size: int | None = None,
     ) -> None:
+        """state_dict: the checked state dict (spec.checkpoint.load_state_dict), or a weight source from
+        which each rank reads its own slices (fast.sharded_loading.CheckpointWeights).
+        tensor_parallel_size: overrides engine_config.tensor_parallel_size when given. With N > 1, rank r
+        runs on cuda:(index + r) of `device` (under torchrun on cuda:LOCAL_RANK), or on the CPU."""
+        self.tensor_parallel: TensorParallelRuntime | None = None
+        config = engine_config or EngineConfig()
+        if tensor_parallel_size is not None:
+            config = replace(config, tensor_parallel_size=tensor_parallel_size)
         self.device = torch.device(device) if device is not None else default_device()
         _check_device(self.device)
         self.model_config = model_config
         self.dtype = dtype
-        self.runner = ModelRunner(model_config, state_dict, engine_config or EngineConfig(), dtype, self.device)
+        if config.tensor_parallel_size == 1:
+            self.runner = ModelRunner(model_config, state_dict, config, dtype, self.device)
+        else:
+            self.runner, self.tensor_parallel = start_tensor_parallel(
+                model_config, state_dict, config, dtype, self.device
+            )
+            self.device = self.runner.device
+            self._finalizer = weakref.finalize(self, self.tensor_parallel.shutdown)
         self.config = self.runner.config
         self.scheduler = Scheduler(self.config, model_config.eos_token_ids)
         self.sampler = Sampler(self.runner.max_step_seqs, model_config.vocab_size, self.device)
@@ -74,14 +101,42 @@ class FastEngine(ScheduledEngine):
         engine_config: EngineConfig | None = None,
         dtype: str | torch.dtype = "auto",
         device: torch.device | str | None = None,
+        tensor_parallel_size: int | None = None,
     ) -> FastEngine:
+        """With tensor parallelism each rank reads only its own slices of the safetensors files."""
         checkpoint = resolve_checkpoint(model)
         model_config = load_model_config(checkpoint)
         torch_dtype = parse_dtype(dtype, model_config)
         target = torch.device(device) if device is not None else default_device()
         _check_device(target)
+        size = tensor_parallel_size or (engine_config or EngineConfig()).tensor_parallel_size
+        if size > 1:
+            return cls(model_config, CheckpointWeights(checkpoint), engine_config, torch_dtype, target, size)
         state_dict = load_state_dict(checkpoint, model_config, torch_dtype, target)
-        return cls(model_config, state_dict, engine_config, torch_dtype, target)
+        return cls(model_config, state_dict, engine_config, torch_dtype, target, tensor_parallel_size)
+
+    # -- tensor parallelism ----------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """End every tensor-parallel rank and release their process groups (idempotent; nothing to
+        do for a single process). The engine cannot step afterwards."""
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.shutdown()
+
+    def __enter__(self) -> FastEngine:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.shutdown()
+
+    def tensor_parallel_info(self) -> dict[str, object]:
+        """How the model is split and which all-reduce paths run (for benchmark records)."""
+        info: dict[str, object] = {"tensor_parallel_size": self.config.tensor_parallel_size}
+        if self.tensor_parallel is not None:
+            info |= self.tensor_parallel.describe() | self.runner.describe_parallel()
+        return info
 
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
@@ -95,12 +150,26 @@ class FastEngine(ScheduledEngine):
     # -- one step --------------------------------------------------------------------------------
 
     def execute(self, plan: StepPlan) -> dict[str, SampledToken]:
+        if self.tensor_parallel is None:
+            return self._execute(plan)
+        self.tensor_parallel.check()
+        try:
+            results = self._execute(plan)
+        except Exception as error:
+            raise self.tensor_parallel.failure(error) from error
+        self.tensor_parallel.check()  # a rank that died during the step (on a GPU its wait was aborted)
+        return results
+
+    def _execute(self, plan: StepPlan) -> dict[str, SampledToken]:
         started = time.perf_counter()
         sequences, sampling_requests, scored = self._sequences(plan)
         prepared = time.perf_counter()
         logits = self.runner.run(sequences)
-        sample_rows = torch.tensor([row for row, _ in sampling_requests], dtype=torch.int64, device=self.device) \
-            if scored else None
+        sample_rows = (
+            torch.tensor([row for row, _ in sampling_requests], dtype=torch.int64, device=self.device)
+            if scored
+            else None
+        )
         results = self._sample(logits if sample_rows is None else logits[sample_rows], sampling_requests)
         if scored:
             self._record_prompt_logprobs(logits, scored)
@@ -167,7 +236,8 @@ class FastEngine(ScheduledEngine):
     def _record_prompt_logprobs(self, logits: torch.Tensor, scored: list[tuple[int, Request, int]]) -> None:
         rows = torch.tensor([row for row, _, _ in scored], dtype=torch.int64, device=self.device)
         targets = torch.tensor(
-            [request.prompt_token_ids[position] for _, request, position in scored], dtype=torch.int64,
+            [request.prompt_token_ids[position] for _, request, position in scored],
+            dtype=torch.int64,
             device=self.device,
         )
         wanted = max(request.params.prompt_logprobs or 0 for _, request, _ in scored)

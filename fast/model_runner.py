@@ -6,11 +6,18 @@ whose logprobs were asked for): eagerly for mixed steps, from a captured graph f
 On a GPU with `EngineConfig.num_blocks` None, the KV pool is sized from free memory: a warm-up
 forward of a full token budget (max_num_batched_tokens in one chunk) measures the activation
 peak, and the pool takes what `gpu_memory_utilization` leaves after weights and that peak.
+
+Tensor parallelism (`groups` given): every rank builds a runner over its shard (fast.weights.ShardLayout)
+in the same order, so their collectives meet: the pool size is agreed (the smallest wins), and the
+decode graphs are captured with their all-reduces inside. Rank 0 calls `run`, which sends the
+step's packed inputs to the other ranks once (fast.parallel.StepChannel) before its forward; the
+other ranks sit in `serve`, replaying each step from those inputs, until rank 0 sends stop.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -21,7 +28,10 @@ from fast.cuda_graphs import DecodeGraphs
 from fast.input_batch import InputBatch, SequenceInput, StepShape
 from fast.kv_cache import KVCache
 from fast.model import FastCausalLM
-from fast.weights import pack_weights
+from fast.parallel import Collectives, ProcessGroups, StepChannel, StepCommand, StepHeader, TensorParallelError
+from fast.replicated_inputs import ReplicatedInputBatch
+from fast.sharded_loading import WeightSource
+from fast.weights import ModelWeights, ShardLayout, pack_weights
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
@@ -33,37 +43,79 @@ class ModelRunner:
     def __init__(
         self,
         model_config: ModelConfig,
-        state_dict: dict[str, torch.Tensor],
+        weights: Mapping[str, torch.Tensor] | WeightSource,
         engine_config: EngineConfig,
         dtype: torch.dtype,
         device: torch.device,
+        groups: ProcessGroups | None = None,
+        allow_one_shot: bool = True,
     ) -> None:
+        """weights: the checked state dict, or a source each rank packs its own shard from.
+        groups: this rank's tensor-parallel process groups; None for a single process.
+        allow_one_shot: False keeps every all-reduce on NCCL (for measurements)."""
         self.model_config = model_config
         self.device = device
         self.dtype = dtype
+        self.groups = groups
+        if groups is None:
+            self.layout, self.collectives = ShardLayout.single(model_config), None
+        else:
+            self.layout = ShardLayout.for_rank(model_config, groups.rank, groups.world_size)
+            self.collectives = Collectives(groups, dtype, model_config.vocab_size, allow_one_shot)
         settings = engine_config.resolved(model_config)  # its pool size is provisional until measured
         self.block_size = settings.block_size
         self.max_blocks_per_seq = triton.cdiv(settings.model_len, settings.block_size)
         # Every sequence in a step brings at least one token, and at most max_num_seqs run.
         self.max_step_seqs = min(settings.max_num_seqs, settings.max_num_batched_tokens)
         self.model = FastCausalLM(
-            model_config, pack_weights(model_config, state_dict, dtype, device), settings.model_len, device,
+            model_config,
+            self._pack(weights),
+            settings.model_len,
+            device,
             settings.batch_invariant,
+            self.layout,
+            self.collectives,
         )
         self.attention = PagedAttention(
-            model_config.num_attention_heads, model_config.num_key_value_heads, model_config.head_dim,
-            self.max_step_seqs, settings.model_len, device, settings.batch_invariant,
+            self.layout.num_heads,
+            self.layout.num_kv_heads,
+            model_config.head_dim,
+            self.max_step_seqs,
+            settings.model_len,
+            device,
+            settings.batch_invariant,
         )
         self.config = engine_config.resolved(model_config, self._pool_blocks(engine_config, settings))
         self.cache = self._make_cache(self.config.pool_blocks)
-        self.inputs = InputBatch(
-            settings.max_num_batched_tokens, self.max_step_seqs, self.max_blocks_per_seq, self.block_size,
-            self.cache.padding_block, device,
+        input_batch = InputBatch if groups is None else ReplicatedInputBatch
+        self.inputs = input_batch(
+            settings.max_num_batched_tokens,
+            self.max_step_seqs,
+            self.max_blocks_per_seq,
+            self.block_size,
+            self.cache.padding_block,
+            device,
         )
+        self.channel = StepChannel(groups) if groups is not None else None
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda" and self.config.enable_cuda_graphs:
             self.graphs = DecodeGraphs(self.max_step_seqs)
             self.graphs.capture(self._load_padding, self._decode_forward)
+        if self.collectives is not None:
+            self._check_ranks_agree()
+
+    def _pack(self, weights: Mapping[str, torch.Tensor] | WeightSource) -> ModelWeights:
+        if isinstance(weights, Mapping):
+            return pack_weights(self.model_config, weights, self.dtype, self.device, self.layout)
+        return weights.pack(self.model_config, self.dtype, self.device, self.layout)
+
+    def _check_ranks_agree(self) -> None:
+        """Start-up barrier: every rank has built its runner, with the same pool."""
+        pool = self.config.pool_blocks
+        if self.collectives.agree_min(pool) != pool or -self.collectives.agree_min(-pool) != pool:
+            raise TensorParallelError(
+                f"rank {self.layout.rank} built a KV pool of {pool} blocks; another rank's differs"
+            )
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -73,9 +125,16 @@ class ModelRunner:
         is_decode = all(len(s.token_ids) == 1 and len(s.logit_offsets) == 1 for s in sequences)
         if self.graphs is not None and is_decode and len(sequences) <= self.graphs.max_batch:
             size = self.graphs.size_for(len(sequences))
-            self.inputs.load(sequences, pad_to=size)
+            shape = self.inputs.load(sequences, pad_to=size)
+            if self.channel is not None:
+                self._send_step(shape, size)
             return self.graphs.replay(size)[: len(sequences)]
         shape = self.inputs.load(sequences)
+        if self.channel is not None:
+            self._send_step(shape, 0)
+        return self._forward(shape)
+
+    def _forward(self, shape: StepShape) -> torch.Tensor:
         inputs = self.inputs
         return self.model.forward(
             inputs.token_ids[: shape.num_tokens],
@@ -85,6 +144,56 @@ class ModelRunner:
             self.cache,
             inputs.logit_indices[: shape.num_logit_rows],
         )
+
+    # -- tensor parallelism ------------------------------------------------------------------------
+
+    def _send_step(self, shape: StepShape, graph_size: int) -> None:
+        """Rank 0: the step's packed inputs to the other ranks, before its own forward."""
+        inputs = self.inputs
+        width = inputs.table_width
+        words = ReplicatedInputBatch.packed_words(shape.num_tokens, shape.num_logit_rows, shape.num_seqs, width)
+        header = StepHeader(
+            StepCommand.STEP,
+            shape.num_tokens,
+            shape.num_logit_rows,
+            shape.num_seqs,
+            width,
+            shape.max_query_len,
+            graph_size,
+            words,
+        )
+        self.channel.send(header, inputs.host)
+
+    @torch.inference_mode()
+    def serve(self) -> None:
+        """Ranks > 0: run each step rank 0 sends, until it sends stop. The logits are dropped (rank 0 samples).
+
+        The host buffer is refilled only after rank 0 sends the next step, which it does after its
+        own step ended with the logits gather, which this rank joins after its upload was queued
+        and ran: so no upload still reads the buffer when it is overwritten."""
+        if self.channel is None:
+            raise TensorParallelError("serve() is for the ranks > 0 of a tensor-parallel group")
+        inputs = self.inputs
+        while True:
+            header = self.channel.receive(inputs.host)
+            if header.command is StepCommand.STOP:
+                return
+            inputs.load_received(header.num_tokens, header.num_logit_rows, header.num_seqs, header.table_width)
+            if header.graph_size:
+                if self.graphs is None:
+                    raise TensorParallelError("rank 0 replays a CUDA graph that this rank did not capture")
+                self.graphs.replay(header.graph_size)
+            else:
+                decode = header.max_query_len == 1
+                self._forward(
+                    StepShape(header.num_tokens, header.num_seqs, header.num_logit_rows, header.max_query_len, decode)
+                )
+
+    def describe_parallel(self) -> dict[str, object]:
+        """Tensor-parallel facts for records: the size, and which all-reduce paths were set up and issued."""
+        if self.collectives is None:
+            return {"world_size": 1}
+        return self.collectives.describe()
 
     def _metadata(self, shape: StepShape) -> StepMetadata:
         inputs = self.inputs
@@ -106,22 +215,35 @@ class ModelRunner:
         metadata = self._metadata(StepShape(size, size, size, 1, True))
         inputs = self.inputs
         return self.model.forward(
-            inputs.token_ids[:size], inputs.positions[:size], inputs.slots[:size],
-            self.attention.for_step(metadata), self.cache, None,
+            inputs.token_ids[:size],
+            inputs.positions[:size],
+            inputs.slots[:size],
+            self.attention.for_step(metadata),
+            self.cache,
+            None,
         )
 
     # -- memory ------------------------------------------------------------------------------------
 
     def _make_cache(self, num_blocks: int) -> KVCache:
         config = self.model_config
-        return KVCache(config.num_hidden_layers, num_blocks, self.block_size, config.num_key_value_heads,
-                       config.head_dim, self.dtype, self.device)
+        return KVCache(
+            config.num_hidden_layers,
+            num_blocks,
+            self.block_size,
+            self.layout.num_kv_heads,
+            config.head_dim,
+            self.dtype,
+            self.device,
+        )
 
     def _pool_blocks(self, requested: EngineConfig, settings: EngineConfig) -> int | None:
         """The pool size: as requested, or measured from free GPU memory. None on CPU (the default)."""
         if self.device.type != "cuda":
             return None
         affordable = self._affordable_blocks(settings)
+        if self.collectives is not None:  # every rank gets the same pool: the smallest free memory wins
+            affordable = self.collectives.agree_min(affordable)
         wanted = requested.num_blocks if requested.num_blocks is not None else affordable
         if wanted > affordable:
             raise ConfigError(
@@ -149,36 +271,57 @@ class ModelRunner:
         peak = torch.cuda.max_memory_allocated(self.device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
-        block_bytes = KVCache.bytes_per_block(config.num_hidden_layers, settings.block_size,
-                                              config.num_key_value_heads, config.head_dim, self.dtype)
+        block_bytes = KVCache.bytes_per_block(
+            config.num_hidden_layers, settings.block_size, self.layout.num_kv_heads, config.head_dim, self.dtype
+        )
         warmup_cache_bytes = (warmup_blocks + 1) * block_bytes
         activation_peak = max(0, peak - before - warmup_cache_bytes)
         used = total - free  # weights, CUDA context, other processes
         budget = total * settings.gpu_memory_utilization - used - activation_peak
         blocks = int(budget // block_bytes) - 1  # one block is the padding block
-        logger.info("KV pool: %d blocks (%.2f GiB); activation peak %.2f GiB", blocks,
-                    blocks * block_bytes / 2**30, activation_peak / 2**30)
+        logger.info(
+            "KV pool: %d blocks (%.2f GiB); activation peak %.2f GiB",
+            blocks,
+            blocks * block_bytes / 2**30,
+            activation_peak / 2**30,
+        )
         return max(0, blocks)
 
     @torch.inference_mode()
     def _warmup(self, settings: EngineConfig) -> None:
         """One forward of max_num_batched_tokens tokens in a single chunk, on a throwaway cache."""
         cache = self._make_cache(settings.pool_blocks)
-        inputs = InputBatch(settings.max_num_batched_tokens, 1, settings.pool_blocks, self.block_size,
-                            cache.padding_block, self.device)
+        inputs = InputBatch(
+            settings.max_num_batched_tokens, 1, settings.pool_blocks, self.block_size, cache.padding_block, self.device
+        )
         num_tokens = min(settings.max_num_batched_tokens, settings.model_len)
-        sequence = SequenceInput([0] * num_tokens, 0, list(range(triton.cdiv(num_tokens, self.block_size))),
-                                 [num_tokens - 1])
+        sequence = SequenceInput(
+            [0] * num_tokens, 0, list(range(triton.cdiv(num_tokens, self.block_size))), [num_tokens - 1]
+        )
         shape = inputs.load([sequence])
-        attention = PagedAttention(self.model_config.num_attention_heads, self.model_config.num_key_value_heads,
-                                   self.model_config.head_dim, 1, settings.model_len, self.device)
-        metadata = StepMetadata(False, 1, shape.max_query_len, inputs.block_tables[:1], inputs.seq_lens[:1],
-                                inputs.cu_seqlens_q[:2])
-        self.model.forward(inputs.token_ids[:num_tokens], inputs.positions[:num_tokens], inputs.slots[:num_tokens],
-                           attention.for_step(metadata), cache, inputs.logit_indices[:1])
+        attention = PagedAttention(
+            self.layout.num_heads,
+            self.layout.num_kv_heads,
+            self.model_config.head_dim,
+            1,
+            settings.model_len,
+            self.device,
+        )
+        metadata = StepMetadata(
+            False, 1, shape.max_query_len, inputs.block_tables[:1], inputs.seq_lens[:1], inputs.cu_seqlens_q[:2]
+        )
+        self.model.forward(
+            inputs.token_ids[:num_tokens],
+            inputs.positions[:num_tokens],
+            inputs.slots[:num_tokens],
+            attention.for_step(metadata),
+            cache,
+            inputs.logit_indices[:1],
+        )
         # The sampler's peak: sorting fp32 logits of a full decode batch (top-k / top-p filters).
-        logits = torch.zeros((self.max_step_seqs, self.model_config.vocab_size), dtype=torch.float32,
-                             device=self.device)
+        logits = torch.zeros(
+            (self.max_step_seqs, self.model_config.vocab_size), dtype=torch.float32, device=self.device
+        )
         torch.sort(logits, dim=-1, descending=True, stable=True)
         torch.cuda.synchronize(self.device)
         del cache, inputs

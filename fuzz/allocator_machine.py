@@ -1,27 +1,29 @@
-"""A hypothesis state machine over one block allocator, driven the way the scheduler drives it.
+"""A hypothesis state machine over block allocators, driven the way the scheduler drives them.
 
 Tiny pools (2 to 16 blocks of 1 to 16 tokens) make exhaustion and eviction routine; prompts
-start with pieces of a few shared stems so prefix-cache hits are routine too. After every
-step the spec's allocator invariants are checked, and the whole state is compared with the
-plain model in fuzz/pool_model.py.
+start with pieces of a few shared stems so prefix-cache hits are routine too. Every
+implementation given runs the same operations side by side. After every step each one's
+allocator invariants are checked, the implementations must have answered every call alike and
+hold the same state (block ids included), and the whole state is compared with the plain model
+in fuzz/pool_model.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import hypothesis.strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from spec.invariants import InvariantMonitor
-
 from fuzz import stats
 from fuzz.implementations import AllocatorImplementation, AllocatorUnderTest
 from fuzz.pool_model import PoolModel
-from fuzz.properties import MODEL_AGREEMENT, check_agrees_with_model, violated
+from fuzz.properties import MODEL_AGREEMENT, check_agrees_with_model, check_implementations_agree, violated
 from fuzz.strategies import BLOCK_SIZES, CountedMachine, checked_step, draw_tokens, prefix_stems
 from fuzz.workload import PROMPT_ALPHABET
+from spec.invariants import InvariantMonitor
 
 # check_allocator's three invariants plus the monitor's hashed-block-immutable.
 ALLOCATOR_INVARIANTS_PER_CHECK = 4
@@ -38,7 +40,7 @@ class LiveRequest:
 
 
 class AllocatorMachine(CountedMachine):
-    implementation: ClassVar[AllocatorImplementation]
+    implementations: ClassVar[tuple[AllocatorImplementation, ...]]
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,13 +57,16 @@ class AllocatorMachine(CountedMachine):
     )
     @checked_step
     def build_pool(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, data: st.DataObject) -> None:
-        self.allocator: AllocatorUnderTest = self.implementation.build(num_blocks, block_size, enable_prefix_caching)
+        self.allocators: list[AllocatorUnderTest] = [
+            implementation.build(num_blocks, block_size, enable_prefix_caching)
+            for implementation in self.implementations
+        ]
+        self.monitors = [InvariantMonitor() for _ in self.allocators]
         self.block_size = block_size
         # Longest prompt tried: a block more than the pool holds, so some never fit.
         self.max_prompt_tokens = (num_blocks + 1) * block_size
         self.stems = data.draw(prefix_stems(4 * block_size), label="stems")
-        self.monitor = InvariantMonitor()
-        initial = self.allocator.snapshot()
+        initial = self._call_all("snapshot()", lambda allocator: allocator.snapshot())
         self.model = PoolModel.from_free_queue(block_size, initial.free_block_ids, enable_prefix_caching)
 
     # -- rules -------------------------------------------------------------------------------
@@ -74,19 +79,21 @@ class AllocatorMachine(CountedMachine):
         hit = self._prefix_hit(tokens)
         cached_tokens = len(hit) * self.block_size
         chunk = data.draw(st.integers(1, len(tokens) - cached_tokens), label="first chunk")
-        admissible = self.allocator.can_admit(cached_tokens + chunk, hit)
+        call = f"can_admit({cached_tokens + chunk}, {hit})"
+        admissible = self._call_all(call, lambda allocator: allocator.can_admit(cached_tokens + chunk, hit))
         expected = self.model.can_admit(cached_tokens + chunk, hit)
         if admissible != expected:
-            raise violated(MODEL_AGREEMENT, f"can_admit({cached_tokens + chunk}, {hit}) is {admissible}, model says {expected}")
+            raise violated(MODEL_AGREEMENT, f"{call} is {admissible}, model says {expected}")
         if not admissible:
             stats.bump(self.stats_label, "admissions_refused")
             return
         request_id = f"r{self.next_request_number}"
         self.next_request_number += 1
-        self.allocator.admit(request_id, hit)
+        self._call_all(f"admit({request_id!r}, {hit})", lambda allocator: allocator.admit(request_id, hit))
         self.model.admit(request_id, hit)
-        if not self.allocator.allocate_slots(request_id, cached_tokens + chunk):
-            raise violated(MODEL_AGREEMENT, f"allocate_slots refused {cached_tokens + chunk} tokens after can_admit promised them")
+        call = f"allocate_slots({request_id!r}, {cached_tokens + chunk})"
+        if not self._call_all(call, lambda allocator: allocator.allocate_slots(request_id, cached_tokens + chunk)):
+            raise violated(MODEL_AGREEMENT, f"{call} refused after can_admit promised the blocks")
         self.model.grow(request_id, cached_tokens + chunk)
         self.live[request_id] = LiveRequest(tokens, cached_tokens)
         self._compute(request_id, chunk)
@@ -101,15 +108,18 @@ class AllocatorMachine(CountedMachine):
         request_id = data.draw(st.sampled_from(sorted(self.live)), label="request")
         request = self.live[request_id]
         appended = data.draw(
-            st.lists(st.sampled_from(PROMPT_ALPHABET), min_size=0 if request.uncomputed else 1, max_size=self.block_size + 1),
+            st.lists(
+                st.sampled_from(PROMPT_ALPHABET), min_size=0 if request.uncomputed else 1, max_size=self.block_size + 1
+            ),
             label="sampled tokens",
         )
         request.tokens.extend(appended)
         chunk = data.draw(st.integers(1, request.uncomputed), label="chunk")
-        grown = self.allocator.allocate_slots(request_id, request.computed + chunk)
+        call = f"allocate_slots({request_id!r}, {request.computed + chunk})"
+        grown = self._call_all(call, lambda allocator: allocator.allocate_slots(request_id, request.computed + chunk))
         expected = self.model.grow(request_id, request.computed + chunk)
         if grown != expected:
-            raise violated(MODEL_AGREEMENT, f"allocate_slots({request_id!r}, {request.computed + chunk}) is {grown}, model says {expected}")
+            raise violated(MODEL_AGREEMENT, f"{call} is {grown}, model says {expected}")
         if grown:
             self._compute(request_id, chunk)
         else:
@@ -131,19 +141,28 @@ class AllocatorMachine(CountedMachine):
 
     def teardown(self) -> None:
         super().teardown()
-        if not self.healthy or not hasattr(self, "allocator"):
+        if not self.healthy or not hasattr(self, "allocators"):
             return  # a check already failed (or nothing was built): report that failure alone
         for request_id in sorted(self.live):
             self._free(request_id)
             self._check_state()
-        if self.allocator.num_free_blocks != len(self.model.ref_counts):
-            raise violated(MODEL_AGREEMENT, f"all requests freed but only {self.allocator.num_free_blocks} blocks are free")
+        for allocator in self.allocators:
+            if allocator.num_free_blocks != len(self.model.ref_counts):
+                raise violated(
+                    MODEL_AGREEMENT, f"all requests freed but only {allocator.num_free_blocks} blocks are free"
+                )
         stats.bump(self.stats_label, "evictions", self.model.evictions)
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def _call_all(self, call: str, operation: Callable[[AllocatorUnderTest], Any]) -> Any:
+        """Make the same call on every implementation; they must all answer alike. The answer."""
+        answers = [operation(allocator) for allocator in self.allocators]
+        check_implementations_agree(call, [impl.name for impl in self.implementations], answers)
+        return answers[0]
+
     def _prefix_hit(self, tokens: list[int]) -> list[int]:
-        hit = list(self.allocator.cached_prefix(tokens))
+        hit = list(self._call_all(f"cached_prefix({tokens})", lambda allocator: allocator.cached_prefix(tokens)))
         expected = self.model.cached_prefix(tokens)
         if hit != expected:
             raise violated(MODEL_AGREEMENT, f"cached_prefix of {len(tokens)} tokens is {hit}, model expects {expected}")
@@ -153,12 +172,15 @@ class AllocatorMachine(CountedMachine):
         request = self.live[request_id]
         old_computed = request.computed
         request.computed += chunk
-        self.allocator.commit_tokens(request_id, request.tokens, old_computed, request.computed)
+        call = f"commit_tokens({request_id!r}, ..., {old_computed}, {request.computed})"
+        self._call_all(
+            call, lambda allocator: allocator.commit_tokens(request_id, request.tokens, old_computed, request.computed)
+        )
         self.model.commit(request_id, request.tokens, request.computed)
 
     def _free(self, request_id: str) -> None:
         del self.live[request_id]
-        self.allocator.free(request_id)
+        self._call_all(f"free({request_id!r})", lambda allocator: allocator.free(request_id))
         self.model.free(request_id)
         stats.bump(self.stats_label, "frees")
 
@@ -166,21 +188,31 @@ class AllocatorMachine(CountedMachine):
         self._check_state()
 
     def _check_state(self) -> None:
-        snapshot = self.allocator.snapshot()
-        self.monitor.observe_allocator(snapshot)
-        stats.bump(self.stats_label, "snapshot_checks")
-        stats.bump(self.stats_label, "invariant_evaluations", ALLOCATOR_INVARIANTS_PER_CHECK)
-        check_agrees_with_model(snapshot, self.model)
-        if self.allocator.num_free_blocks != self.model.num_free_blocks:
-            raise violated(MODEL_AGREEMENT, f"{self.allocator.num_free_blocks} free blocks, model expects {self.model.num_free_blocks}")
-        stats.bump(self.stats_label, "model_comparisons")
+        snapshots = [allocator.snapshot() for allocator in self.allocators]
+        for monitor, snapshot in zip(self.monitors, snapshots, strict=True):
+            monitor.observe_allocator(snapshot)
+            stats.bump(self.stats_label, "snapshot_checks")
+            stats.bump(self.stats_label, "invariant_evaluations", ALLOCATOR_INVARIANTS_PER_CHECK)
+        if len(snapshots) > 1:
+            check_implementations_agree("allocator state", [impl.name for impl in self.implementations], snapshots)
+            stats.bump(self.stats_label, "implementation_comparisons")
+        for allocator, snapshot in zip(self.allocators, snapshots, strict=True):
+            check_agrees_with_model(snapshot, self.model)
+            if allocator.num_free_blocks != self.model.num_free_blocks:
+                raise violated(
+                    MODEL_AGREEMENT,
+                    f"{allocator.num_free_blocks} free blocks, model expects {self.model.num_free_blocks}",
+                )
+            stats.bump(self.stats_label, "model_comparisons")
 
 
-def allocator_machine(implementation: AllocatorImplementation, stats_label: str | None = None) -> type[AllocatorMachine]:
-    """The state machine class for one allocator implementation."""
-    label = stats_label or f"allocator[{implementation.name}]"
+def allocator_machine(
+    implementations: tuple[AllocatorImplementation, ...], stats_label: str | None = None
+) -> type[AllocatorMachine]:
+    """The state machine class driving `implementations` side by side."""
+    names = "+".join(impl.name for impl in implementations)
     return type(
-        f"AllocatorMachine_{implementation.name}",
+        f"AllocatorMachine_{names.replace('+', '_')}",
         (AllocatorMachine,),
-        {"implementation": implementation, "stats_label": label, "last_run_steps": 0},
+        {"implementations": implementations, "stats_label": stats_label or f"allocator[{names}]", "last_run_steps": 0},
     )

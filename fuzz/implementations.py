@@ -1,9 +1,8 @@
 """The block allocators and schedulers the fuzzers drive.
 
-Every registered implementation is fuzzed by the state machines, and every registered
-scheduler is held to the same decisions as the oracle written from spec.scheduling.
-When the fast engine's allocator and scheduler exist, each joins with one line at the end of
-this file, e.g. `register_scheduler("fast", fast.scheduler.Scheduler)`.
+Every registered implementation is fuzzed by the state machines, side by side with the others:
+each is held to the plain pool model (allocators) or the oracle written from spec.scheduling
+(schedulers), and all of them to the same observable decisions at every step.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from fast.block_allocator import BlockAllocator as FastBlockAllocator
+from fast.scheduler import Scheduler as FastScheduler
 from reference.block_allocator import BlockAllocator
 from reference.scheduler import Scheduler
 from spec.engine_config import EngineConfig
@@ -25,11 +26,13 @@ class AllocatorUnderTest(Protocol):
 
     @property
     def num_free_blocks(self) -> int: ...
-    def cached_prefix(self, token_ids: Sequence[int]) -> list[int]: ...
+    def cached_prefix(self, token_ids: Sequence[int], max_blocks: int | None = None) -> list[int]: ...
     def can_admit(self, num_tokens: int, cached_block_ids: Sequence[int]) -> bool: ...
     def admit(self, request_id: str, cached_block_ids: Sequence[int]) -> None: ...
     def allocate_slots(self, request_id: str, num_tokens: int) -> bool: ...
-    def commit_tokens(self, request_id: str, token_ids: Sequence[int], old_computed: int, new_computed: int) -> None: ...
+    def commit_tokens(
+        self, request_id: str, token_ids: Sequence[int], old_computed: int, new_computed: int
+    ) -> None: ...
     def free(self, request_id: str) -> None: ...
     def snapshot(self) -> AllocatorSnapshot: ...
 
@@ -82,3 +85,5 @@ def register_scheduler(name: str, build: SchedulerFactory) -> None:
 
 register_allocator("reference", BlockAllocator)
 register_scheduler("reference", Scheduler)
+register_allocator("fast", FastBlockAllocator)
+register_scheduler("fast", FastScheduler)

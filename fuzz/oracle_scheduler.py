@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from fuzz.pool_model import PoolModel
+from fuzz.workload import RequestScript
 from spec.engine_config import EngineConfig
 from spec.request import FinishReason
 from spec.scheduling import ScheduledChunk, StepPlan
-
-from fuzz.pool_model import PoolModel
-from fuzz.workload import RequestScript
 
 
 @dataclass

@@ -257,4 +257,3 @@ class ReportsFinishedRequestsAgain(Scheduler):
     def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
         self._finished_so_far.extend(super().update(plan, sampled))
         return list(self._finished_so_far)  # bug: should return this step's finishes only
-

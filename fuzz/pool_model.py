@@ -9,8 +9,8 @@ encodes (spec.scheduling and the reference allocator's contract):
 - a request frees its blocks last to first, so a prefix's head outlives its tail;
 - a full, computed block is registered in the prefix cache under its chained hash unless an
   equal block already is; it keeps that entry while free and loses it when reallocated;
-- a prefix hit is the longest run of leading full blocks found in the cache, limited so that
-  at least one token is left to compute.
+- a prefix hit is the longest run of leading full blocks found in the cache whose stored
+  tokens are the request's, limited so that at least one token is left to compute.
 
 Block ids are the implementation's: the model starts from the implementation's initial free
 queue, so it predicts exact block ids without assuming any numbering convention.
@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spec.block_hash import hash_full_blocks
+from spec.scheduling import max_prefix_hit_blocks
 
 
 @dataclass
@@ -45,9 +46,15 @@ class PoolModel:
     evictions: int = 0  # cached blocks reallocated: proof the fuzzers reach eviction
 
     @classmethod
-    def from_free_queue(cls, block_size: int, free_queue: Sequence[int], enable_prefix_caching: bool = True) -> "PoolModel":
-        return cls(block_size=block_size, free_queue=list(free_queue), enable_prefix_caching=enable_prefix_caching,
-                   ref_counts={block_id: 0 for block_id in free_queue})
+    def from_free_queue(
+        cls, block_size: int, free_queue: Sequence[int], enable_prefix_caching: bool = True
+    ) -> PoolModel:
+        return cls(
+            block_size=block_size,
+            free_queue=list(free_queue),
+            enable_prefix_caching=enable_prefix_caching,
+            ref_counts={block_id: 0 for block_id in free_queue},
+        )
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -61,12 +68,14 @@ class PoolModel:
     def cached_prefix(self, token_ids: Sequence[int]) -> list[int]:
         if not self.enable_prefix_caching:
             return []
-        limit = (len(token_ids) - 1) // self.block_size
+        limit = max_prefix_hit_blocks(len(token_ids), self.block_size)
         hits: list[int] = []
-        for block_hash in hash_full_blocks(token_ids, self.block_size, limit):
-            if block_hash not in self.cached:
-                break
-            hits.append(self.cached[block_hash])
+        for index, block_hash in enumerate(hash_full_blocks(token_ids, self.block_size, limit)):
+            block_id = self.cached.get(block_hash)
+            block_tokens = tuple(token_ids[index * self.block_size : (index + 1) * self.block_size])
+            if block_id is None or self.content[block_id].token_ids != block_tokens:
+                break  # not cached, or cached under a colliding hash
+            hits.append(block_id)
         return hits
 
     def can_admit(self, num_tokens: int, hit: Sequence[int]) -> bool:

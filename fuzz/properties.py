@@ -6,10 +6,13 @@ of the names below, so a test can tell which property a failure is about.
 
 from __future__ import annotations
 
-from spec.errors import InvariantViolation
-from spec.invariants import AllocatorSnapshot
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 from fuzz.pool_model import PoolModel
+from spec.errors import InvariantViolation
+from spec.invariants import AllocatorSnapshot
 
 # The allocator disagrees with the plain model of the pool (free queue, tables, prefix cache).
 MODEL_AGREEMENT = "model-agreement"
@@ -21,8 +24,11 @@ LIVENESS = "liveness"
 IDLE_POOL_FREE = "idle-pool-free"
 # A scheduler made a different decision from the oracle written from spec.scheduling.
 TWIN_DECISIONS = "twin-decisions"
+# Two implementations (reference and fast) fed the same operations answered or decided differently:
+# a plan, a prefix hit, a preemption, a block id, a free-queue order, a cache entry.
+IMPLEMENTATIONS_AGREE = "implementations-agree"
 
-FUZZ_PROPERTIES = (MODEL_AGREEMENT, CONSERVATION, LIVENESS, IDLE_POOL_FREE, TWIN_DECISIONS)
+FUZZ_PROPERTIES = (MODEL_AGREEMENT, CONSERVATION, LIVENESS, IDLE_POOL_FREE, TWIN_DECISIONS, IMPLEMENTATIONS_AGREE)
 
 
 def violated(name: str, detail: str) -> InvariantViolation:
@@ -42,7 +48,8 @@ def check_agrees_with_model(snapshot: AllocatorSnapshot, model: PoolModel) -> No
         if block.ref_count != model.ref_counts[block.block_id]:
             raise violated(
                 MODEL_AGREEMENT,
-                f"block {block.block_id} has ref count {block.ref_count}, model expects {model.ref_counts[block.block_id]}",
+                f"block {block.block_id} has ref count {block.ref_count}, "
+                f"model expects {model.ref_counts[block.block_id]}",
             )
         entry = model.content.get(block.block_id)
         expected = (None, None) if entry is None else (entry.block_hash, entry.token_ids)
@@ -51,3 +58,33 @@ def check_agrees_with_model(snapshot: AllocatorSnapshot, model: PoolModel) -> No
                 MODEL_AGREEMENT,
                 f"block {block.block_id} is cached as {(block.block_hash, block.token_ids)}, model expects {expected}",
             )
+
+
+def check_implementations_agree(what: str, names: Sequence[str], values: Sequence[Any]) -> None:
+    """Every implementation gave the first one's answer (a call's result, a plan, a snapshot)."""
+    for name, value in zip(names[1:], values[1:], strict=True):
+        if value != values[0]:
+            raise violated(
+                IMPLEMENTATIONS_AGREE,
+                f"{what}: {name} differs from {names[0]} at {first_difference(values[0], value)}",
+            )
+
+
+def first_difference(expected: Any, actual: Any, path: str = "") -> str:
+    """Where two equal-typed values (dataclasses, dicts, sequences) first differ, and how."""
+    if dataclasses.is_dataclass(expected) and type(expected) is type(actual):
+        for field in dataclasses.fields(expected):
+            left, right = getattr(expected, field.name), getattr(actual, field.name)
+            if left != right:
+                return first_difference(left, right, f"{path}.{field.name}")
+    elif isinstance(expected, dict) and isinstance(actual, dict):
+        if expected.keys() != actual.keys():
+            return f"{path or 'value'}: keys {sorted(map(str, expected))} vs {sorted(map(str, actual))}"
+        for key in expected:
+            if expected[key] != actual[key]:
+                return first_difference(expected[key], actual[key], f"{path}[{key!r}]")
+    elif isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)) and len(expected) == len(actual):
+        for index, (left, right) in enumerate(zip(expected, actual, strict=True)):
+            if left != right:
+                return first_difference(left, right, f"{path}[{index}]")
+    return f"{path or 'value'}: {expected!r} vs {actual!r}"

@@ -7,6 +7,9 @@ routine. Each registered scheduler runs the same operations; after every step ea
   once with exactly the tokens and finish reason the fake model implies (fuzz/workload.py),
 - liveness: a drain finishes every request within a bound derived from the workload,
 - an idle scheduler holds no block except through the prefix cache,
+- the same plans, finishes and state (queues, prefix hits, computed counts, block tables, free
+  queue, prefix cache: block ids included) as every other implementation, after every schedule,
+  update and abort,
 and, with the twin check on, to the decisions of the oracle written from spec.scheduling.
 """
 
@@ -18,15 +21,17 @@ from typing import ClassVar
 import hypothesis.strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from spec.engine_config import EngineConfig
-from spec.invariants import ALL_INVARIANTS, InvariantMonitor, SchedulerSnapshot
-from spec.request import FinishReason, Request
-from spec.scheduling import StepPlan
-
 from fuzz import stats
 from fuzz.implementations import SchedulerImplementation, SchedulerUnderTest
 from fuzz.oracle_scheduler import OracleScheduler
-from fuzz.properties import CONSERVATION, IDLE_POOL_FREE, LIVENESS, TWIN_DECISIONS, violated
+from fuzz.properties import (
+    CONSERVATION,
+    IDLE_POOL_FREE,
+    LIVENESS,
+    TWIN_DECISIONS,
+    check_implementations_agree,
+    violated,
+)
 from fuzz.strategies import CountedMachine, checked_step, draw_tokens, prefix_stems
 from fuzz.workload import (
     EOS_TOKEN_IDS,
@@ -37,6 +42,10 @@ from fuzz.workload import (
     is_servable,
     workload_step_bound,
 )
+from spec.engine_config import EngineConfig
+from spec.invariants import ALL_INVARIANTS, InvariantMonitor, SchedulerSnapshot
+from spec.request import FinishReason, Request
+from spec.scheduling import StepPlan
 
 # InvariantMonitor.observe checks every spec invariant but finishes-exactly-once (fed separately).
 INVARIANTS_PER_OBSERVE = len(ALL_INVARIANTS) - 1
@@ -115,11 +124,13 @@ class SchedulerMachine(CountedMachine):
     @checked_step
     def abort(self, data: st.DataObject) -> None:
         request_id = data.draw(st.sampled_from(self.active), label="request to abort")
+        after_abort: list[SchedulerSnapshot] = []
         for twin in self.twins:
             request = twin.requests[request_id]
             twin.scheduler.abort(request)
             self._came_back(twin, request)
-            self._check_twin(twin)
+            after_abort.append(self._check_twin(twin))
+        self._compare_implementations(f"state after abort({request_id!r})", after_abort)
         self.active.remove(request_id)
         if self.oracle is not None:
             self.oracle.abort(request_id)
@@ -141,16 +152,23 @@ class SchedulerMachine(CountedMachine):
     def _step_all(self) -> list[StepPlan]:
         plans: list[StepPlan] = []
         finished_by_twin: list[list[str]] = []
+        after_schedule: list[SchedulerSnapshot] = []
+        after_update: list[SchedulerSnapshot] = []
         for twin in self.twins:
             plan = twin.scheduler.schedule()
-            self._observe(twin, twin.scheduler.snapshot(), plan)
+            after_schedule.append(twin.scheduler.snapshot())
+            self._observe(twin, after_schedule[-1], plan)
             sampled = fake_model(_sampling_positions(plan), self.scripts)
             finished = twin.scheduler.update(plan, sampled)
             for request in finished:
                 self._came_back(twin, request)
-            self._check_twin(twin)
+            after_update.append(self._check_twin(twin))
             plans.append(plan)
             finished_by_twin.append([request.request_id for request in finished])
+        self._compare_implementations("plan", plans)
+        self._compare_implementations("state after schedule()", after_schedule)
+        self._compare_implementations("finished requests", finished_by_twin)
+        self._compare_implementations("state after update()", after_update)
         for request_id in dict.fromkeys(request_id for finished in finished_by_twin for request_id in finished):
             if request_id in self.active:
                 self.active.remove(request_id)
@@ -164,8 +182,10 @@ class SchedulerMachine(CountedMachine):
         steps = 0
         while any(twin.scheduler.has_unfinished for twin in self.twins):
             if steps >= bound:
-                raise violated(LIVENESS, f"requests {self.active} still unfinished after {steps} drain steps (bound {bound})")
-            for twin, plan in zip(self.twins, self._step_all()):
+                raise violated(
+                    LIVENESS, f"requests {self.active} still unfinished after {steps} drain steps (bound {bound})"
+                )
+            for twin, plan in zip(self.twins, self._step_all(), strict=True):
                 if plan.is_empty and twin.scheduler.has_unfinished:
                     raise violated(LIVENESS, f"{twin.implementation.name}: nothing scheduled while {self.active} wait")
             steps += 1
@@ -192,12 +212,21 @@ class SchedulerMachine(CountedMachine):
         twin.returned.add(request_id)
         script = self.scripts[request_id]
         if request.prompt_token_ids != script.prompt:
-            raise violated(CONSERVATION, f"{request_id!r} came back with prompt {request.prompt_token_ids}, added with {script.prompt}")
+            raise violated(
+                CONSERVATION,
+                f"{request_id!r} came back with prompt {request.prompt_token_ids}, added with {script.prompt}",
+            )
         tokens, reason = tuple(request.output_token_ids), request.finish_reason
         expected_tokens, expected_reason = self.expected[request_id]
         if reason is FinishReason.ABORT:
-            if request_id not in self.active or expected_tokens[: len(tokens)] != tokens or len(tokens) >= len(expected_tokens):
-                raise violated(CONSERVATION, f"aborted {request_id!r} returned {tokens}; the model's output is {expected_tokens}")
+            if (
+                request_id not in self.active
+                or expected_tokens[: len(tokens)] != tokens
+                or len(tokens) >= len(expected_tokens)
+            ):
+                raise violated(
+                    CONSERVATION, f"aborted {request_id!r} returned {tokens}; the model's output is {expected_tokens}"
+                )
         elif (tokens, reason) != (expected_tokens, expected_reason):
             raise violated(
                 CONSERVATION,
@@ -206,8 +235,15 @@ class SchedulerMachine(CountedMachine):
             )
         stats.bump(self.stats_label, f"finished_{reason.value if reason else 'none'}")
 
-    def _check_twin(self, twin: Twin) -> None:
-        """After a step or an abort: invariants, then no active request lost or ahead of the model."""
+    def _compare_implementations(self, what: str, values: list) -> None:
+        """Every implementation made the first one's decision (plans, hits, preemptions, block ids)."""
+        if len(self.twins) > 1:
+            check_implementations_agree(what, [twin.implementation.name for twin in self.twins], values)
+            stats.bump(self.stats_label, "implementation_comparisons")
+
+    def _check_twin(self, twin: Twin) -> SchedulerSnapshot:
+        """After a step or an abort: invariants, then no active request lost or ahead of the model.
+        Returns the snapshot checked."""
         snapshot = twin.scheduler.snapshot()
         self._observe(twin, snapshot)
         in_queues = set(snapshot.waiting) | set(snapshot.running)
@@ -222,9 +258,15 @@ class SchedulerMachine(CountedMachine):
             output = tuple(twin.requests[request_id].output_token_ids)
             expected_tokens, _ = self.expected[request_id]
             if len(output) >= len(expected_tokens) or expected_tokens[: len(output)] != output:
-                raise violated(CONSERVATION, f"active {request_id!r} holds {output}; the model's output is {expected_tokens}")
+                raise violated(
+                    CONSERVATION, f"active {request_id!r} holds {output}; the model's output is {expected_tokens}"
+                )
         if twin.scheduler.has_unfinished != bool(should_be_active):
-            raise violated(CONSERVATION, f"has_unfinished is {twin.scheduler.has_unfinished} with {sorted(should_be_active)} active")
+            raise violated(
+                CONSERVATION,
+                f"has_unfinished is {twin.scheduler.has_unfinished} with {sorted(should_be_active)} active",
+            )
+        return snapshot
 
     def _check_idle(self, twin: Twin) -> None:
         snapshot = twin.scheduler.snapshot()
@@ -241,12 +283,20 @@ class SchedulerMachine(CountedMachine):
     def _step_oracle_and_compare(self, plans: list[StepPlan], finished_by_twin: list[list[str]]) -> None:
         assert self.oracle is not None
         expected_plan = self.oracle.schedule()
-        expected_finished = self.oracle.update(expected_plan, fake_model(_sampling_positions(expected_plan), self.scripts))
-        for twin, plan, finished in zip(self.twins, plans, finished_by_twin):
+        expected_finished = self.oracle.update(
+            expected_plan, fake_model(_sampling_positions(expected_plan), self.scripts)
+        )
+        for twin, plan, finished in zip(self.twins, plans, finished_by_twin, strict=True):
             if plan != expected_plan:
-                raise violated(TWIN_DECISIONS, f"{twin.implementation.name} planned {plan}; the spec's policy plans {expected_plan}")
+                raise violated(
+                    TWIN_DECISIONS,
+                    f"{twin.implementation.name} planned {plan}; the spec's policy plans {expected_plan}",
+                )
             if finished != expected_finished:
-                raise violated(TWIN_DECISIONS, f"{twin.implementation.name} finished {finished}; the spec's policy finishes {expected_finished}")
+                raise violated(
+                    TWIN_DECISIONS,
+                    f"{twin.implementation.name} finished {finished}; the spec's policy finishes {expected_finished}",
+                )
         self._compare_queues_with_oracle()
 
     def _compare_queues_with_oracle(self) -> None:
@@ -290,7 +340,9 @@ class SchedulerMachine(CountedMachine):
             prompt=tuple(draw_tokens(data, self.stems, longest_prompt)),
             max_tokens=max_tokens,
             ignore_eos=data.draw(st.booleans(), label="ignore_eos"),
-            stop_token_ids=data.draw(st.one_of(st.just(()), st.tuples(st.sampled_from(GENERATED_ALPHABET))), label="stop"),
+            stop_token_ids=data.draw(
+                st.one_of(st.just(()), st.tuples(st.sampled_from(GENERATED_ALPHABET))), label="stop"
+            ),
             eos_at_output_index=data.draw(st.one_of(st.none(), st.integers(0, max_tokens - 1)), label="eos at"),
         )
 

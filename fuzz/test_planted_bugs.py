@@ -1,9 +1,10 @@
 """The fuzzers have teeth: each planted bug is found, named, and shrunk to a short counterexample.
 
-Every test runs a state machine over a buggy subclass of the real implementation and expects it
-to fail with the invariant or property the bug breaks. Property checks are tested with the twin
-check off, so each shows what the invariants and properties catch on their own; the twin check
-is tested on a policy deviation that breaks no invariant.
+Every test runs a state machine over a buggy subclass of a real implementation (reference or
+fast) and expects it to fail with the invariant or property the bug breaks. Property checks are
+tested with the twin check off, so each shows what the invariants and properties catch on their
+own; the twin check is tested on a policy deviation that breaks no invariant, and the check that
+the implementations agree on a fast-implementation slip that only changes block ids.
 """
 
 from __future__ import annotations
@@ -16,17 +17,21 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from reference.block_allocator import BlockAllocator
-from reference.scheduler import Scheduler
-from spec import invariants
-from spec.errors import InvariantViolation
-
 from fuzz import planted_bugs as bugs
+from fuzz import planted_bugs_fast as fast_bugs
 from fuzz import properties
 from fuzz.allocator_machine import allocator_machine
-from fuzz.implementations import AllocatorImplementation, SchedulerImplementation
+from fuzz.implementations import (
+    SCHEDULERS,
+    AllocatorFactory,
+    AllocatorImplementation,
+    SchedulerFactory,
+    SchedulerImplementation,
+)
 from fuzz.scheduler_machine import scheduler_machine
 from fuzz.strategies import ignore
+from spec import invariants
+from spec.errors import InvariantViolation
 
 MAX_SHRUNK_STEPS = 12
 
@@ -51,20 +56,34 @@ class PlantedBug:
     expected: str  # the invariant or property that must catch it
 
 
-def on_allocator(allocator_class: type[BlockAllocator]) -> Callable[[str], type[RuleBasedStateMachine]]:
-    implementation = AllocatorImplementation(allocator_class.__name__, allocator_class)
-    return lambda label: allocator_machine(implementation, stats_label=label)
+def on_allocator(allocator_class: type) -> Callable[[str], type[RuleBasedStateMachine]]:
+    build: AllocatorFactory = allocator_class
+    implementation = AllocatorImplementation(allocator_class.__name__, build)
+    return lambda label: allocator_machine((implementation,), stats_label=label)
 
 
-def on_scheduler(scheduler_class: type[Scheduler], twin_check: bool = False) -> Callable[[str], type[RuleBasedStateMachine]]:
-    implementation = SchedulerImplementation(scheduler_class.__name__, scheduler_class)
+def on_scheduler(scheduler_class: type, twin_check: bool = False) -> Callable[[str], type[RuleBasedStateMachine]]:
+    build: SchedulerFactory = scheduler_class
+    implementation = SchedulerImplementation(scheduler_class.__name__, build)
     return lambda label: scheduler_machine((implementation,), twin_check=twin_check, stats_label=label)
+
+
+def beside_reference_scheduler(scheduler_class: type) -> Callable[[str], type[RuleBasedStateMachine]]:
+    """The buggy scheduler side by side with the reference one, twin check off: only the check
+    that the implementations agree can catch it."""
+    build: SchedulerFactory = scheduler_class
+    implementations = (SCHEDULERS["reference"], SchedulerImplementation(scheduler_class.__name__, build))
+    return lambda label: scheduler_machine(implementations, twin_check=False, stats_label=label)
 
 
 PLANTED_BUGS = (
     # allocator invariants, on the allocator machine
-    PlantedBug("block freed while still referenced", on_allocator(bugs.FreesBlocksStillHeld), invariants.BLOCKS_PARTITIONED),
-    PlantedBug("ref count decremented twice", on_allocator(bugs.ReleasesSharedBlocksTwice), invariants.REF_COUNT_MATCHES_TABLES),
+    PlantedBug(
+        "block freed while still referenced", on_allocator(bugs.FreesBlocksStillHeld), invariants.BLOCKS_PARTITIONED
+    ),
+    PlantedBug(
+        "ref count decremented twice", on_allocator(bugs.ReleasesSharedBlocksTwice), invariants.REF_COUNT_MATCHES_TABLES
+    ),
     PlantedBug(
         "cached block reused after its content changed",
         on_allocator(bugs.ReusesCachedBlockWithoutEvicting),
@@ -77,33 +96,83 @@ PLANTED_BUGS = (
         on_scheduler(bugs.scheduler_over(bugs.ReusesCachedBlockWithoutEvicting)),
         invariants.HASH_MAP_MATCHES_CONTENT,
     ),
-    PlantedBug("prefix hit not block-aligned", on_scheduler(bugs.NotBlockAlignedPrefixHit), invariants.PREFIX_HIT_WHOLE_BLOCKS),
     PlantedBug(
-        "sequence admitted past max_num_seqs", on_scheduler(bugs.AdmitsOnePastMaxNumSeqs), invariants.RUNNING_WITHIN_MAX_NUM_SEQS
-    ),
-    PlantedBug("token budget ignored for the last prompt", on_scheduler(bugs.IgnoresBudgetForLastPrompt), invariants.STEP_WITHIN_TOKEN_BUDGET),
-    PlantedBug(
-        "computed count kept on preemption", on_scheduler(bugs.KeepsComputedTokensOnPreemption), invariants.COMPUTED_WITHIN_TOKENS
+        "prefix hit not block-aligned", on_scheduler(bugs.NotBlockAlignedPrefixHit), invariants.PREFIX_HIT_WHOLE_BLOCKS
     ),
     PlantedBug(
-        "block table one block short", on_scheduler(bugs.scheduler_over(bugs.FloorsBlockCount)), invariants.BLOCK_TABLE_COVERS_TOKENS
+        "sequence admitted past max_num_seqs",
+        on_scheduler(bugs.AdmitsOnePastMaxNumSeqs),
+        invariants.RUNNING_WITHIN_MAX_NUM_SEQS,
+    ),
+    PlantedBug(
+        "token budget ignored for the last prompt",
+        on_scheduler(bugs.IgnoresBudgetForLastPrompt),
+        invariants.STEP_WITHIN_TOKEN_BUDGET,
+    ),
+    PlantedBug(
+        "computed count kept on preemption",
+        on_scheduler(bugs.KeepsComputedTokensOnPreemption),
+        invariants.COMPUTED_WITHIN_TOKENS,
+    ),
+    PlantedBug(
+        "block table one block short",
+        on_scheduler(bugs.scheduler_over(bugs.FloorsBlockCount)),
+        invariants.BLOCK_TABLE_COVERS_TOKENS,
     ),
     PlantedBug(
         "block registered without the hash chain",
         on_scheduler(bugs.scheduler_over(bugs.RegistersUnchainedHashes)),
         invariants.TABLE_CONTENT_MATCHES_REQUEST,
     ),
-    PlantedBug("finished requests reported again", on_scheduler(bugs.ReportsFinishedRequestsAgain), invariants.FINISHES_EXACTLY_ONCE),
-    PlantedBug("preempted request dropped from both queues", on_scheduler(bugs.DropsPreemptedRequests), invariants.ONE_QUEUE_PER_REQUEST),
+    PlantedBug(
+        "finished requests reported again",
+        on_scheduler(bugs.ReportsFinishedRequestsAgain),
+        invariants.FINISHES_EXACTLY_ONCE,
+    ),
+    PlantedBug(
+        "preempted request dropped from both queues",
+        on_scheduler(bugs.DropsPreemptedRequests),
+        invariants.ONE_QUEUE_PER_REQUEST,
+    ),
     PlantedBug(
         "sequence lost when the running set exceeds max_num_seqs",
         on_scheduler(bugs.LosesSequencesPastMaxNumSeqs),
         invariants.ONE_QUEUE_PER_REQUEST,
     ),
     # properties beyond the spec invariants
-    PlantedBug("prompt truncated by the token budget", on_scheduler(bugs.TruncatesPromptToBudget), properties.CONSERVATION),
+    PlantedBug(
+        "prompt truncated by the token budget", on_scheduler(bugs.TruncatesPromptToBudget), properties.CONSERVATION
+    ),
     PlantedBug("long prompts never chunked", on_scheduler(bugs.NeverChunksNewPrompts), properties.LIVENESS),
-    PlantedBug("head of the waiting queue skipped", on_scheduler(bugs.SkipsHeadOfQueue, twin_check=True), properties.TWIN_DECISIONS),
+    PlantedBug(
+        "head of the waiting queue skipped",
+        on_scheduler(bugs.SkipsHeadOfQueue, twin_check=True),
+        properties.TWIN_DECISIONS,
+    ),
+    # the fast implementations' own structures
+    PlantedBug(
+        "fast free-queue unlink leaves a back link",
+        on_allocator(fast_bugs.allocator_with_queue(fast_bugs.UnlinkLeavesBackLink)),
+        invariants.BLOCKS_PARTITIONED,
+    ),
+    PlantedBug(
+        "fast cached block reused without eviction",
+        on_allocator(fast_bugs.KeepsCacheEntryOnReuse),
+        properties.MODEL_AGREEMENT,
+    ),
+    PlantedBug(
+        "fast hash chain extended from scratch",
+        on_scheduler(fast_bugs.ChainsRestartWhenExtended),
+        invariants.HASH_MAP_MATCHES_CONTENT,
+    ),
+    PlantedBug("fast oldest running request preempted", on_scheduler(fast_bugs.PreemptsTheOldest), properties.LIVENESS),
+    PlantedBug(
+        "fast free queue pops its tail",
+        beside_reference_scheduler(
+            fast_bugs.fast_scheduler_over(fast_bugs.allocator_with_queue(fast_bugs.PopsTheTail))
+        ),
+        properties.IMPLEMENTATIONS_AGREE,
+    ),
 )
 
 
@@ -121,6 +190,8 @@ def test_fuzzer_finds_planted_bug(bug: PlantedBug) -> None:
 
     assert caught.value.invariant == bug.expected, f"caught by {caught.value.invariant!r}: {caught.value}"
     reported_steps = falsifying_steps(caught.value)
-    assert 0 < reported_steps <= MAX_SHRUNK_STEPS, f"counterexample of {reported_steps} steps:\n{caught.value.__notes__}"
+    assert 0 < reported_steps <= MAX_SHRUNK_STEPS, (
+        f"counterexample of {reported_steps} steps:\n{caught.value.__notes__}"
+    )
     # The machine's own count of the last run (the final replay of the shrunk example) agrees.
     assert machine.last_run_steps == reported_steps

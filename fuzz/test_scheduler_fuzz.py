@@ -1,5 +1,6 @@
-"""Fuzz every registered scheduler: spec invariants, conservation, liveness, and the twin check
-against the oracle written from spec.scheduling."""
+"""Fuzz every registered scheduler side by side: spec invariants, conservation, liveness, the
+same decisions and state from every implementation, and the twin check against the oracle
+written from spec.scheduling."""
 
 from __future__ import annotations
 
@@ -20,14 +21,15 @@ REQUIRED_SITUATIONS = (
     "finished_stop",
     "finished_length",
     "finished_abort",
+    "implementation_comparisons",
 )
 
 
 def test_registered_schedulers_side_by_side_with_oracle_twin() -> None:
-    """Every registered scheduler is fed the same operations and held, step by step, to the
-    oracle's decisions (so also to each other's). A failure names the implementation. The fast
-    engine's scheduler joins this run by registering in fuzz/implementations.py."""
-    assert SCHEDULERS, "no scheduler registered"
+    """Every registered scheduler (reference and fast) is fed the same operations and held, step
+    by step, to the oracle's decisions and to each other's (plans, prefix hits, preemptions and
+    block ids). A failure names the implementation."""
+    assert len(SCHEDULERS) >= 2, f"the reference and fast schedulers should both be registered: {list(SCHEDULERS)}"
     machine = scheduler_machine(tuple(SCHEDULERS.values()), twin_check=True)
     run_state_machine_as_test(machine)
 

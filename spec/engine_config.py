@@ -33,6 +33,8 @@ class EngineConfig:
     batch_invariant: the fast engine computes each request's output bit for bit the same whatever
         batch it runs in (its own matmul kernel with a fixed reduction order, one attention kernel
         with fixed tiles for prefill and decode); slower. The reference engine ignores it.
+    tensor_parallel_size: GPUs (ranks, one process each) the fast engine splits the model across;
+        1 is a single process.
     """
 
     block_size: int = 16
@@ -45,9 +47,10 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enable_cuda_graphs: bool = True
     batch_invariant: bool = False
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             value = getattr(self, name)
             if name == "num_blocks" and value is None:
                 continue

@@ -32,10 +32,19 @@ FINISHES_EXACTLY_ONCE = "finishes-exactly-once"
 IDLE_HOLDS_ONLY_CACHE = "idle-holds-only-cache"
 
 ALL_INVARIANTS = (
-    BLOCKS_PARTITIONED, REF_COUNT_MATCHES_TABLES, HASH_MAP_MATCHES_CONTENT, HASHED_BLOCK_IMMUTABLE,
-    BLOCK_TABLE_COVERS_TOKENS, TABLE_CONTENT_MATCHES_REQUEST, PREFIX_HIT_WHOLE_BLOCKS,
-    ONE_QUEUE_PER_REQUEST, RUNNING_WITHIN_MAX_NUM_SEQS, STEP_WITHIN_TOKEN_BUDGET,
-    COMPUTED_WITHIN_TOKENS, FINISHES_EXACTLY_ONCE, IDLE_HOLDS_ONLY_CACHE,
+    BLOCKS_PARTITIONED,
+    REF_COUNT_MATCHES_TABLES,
+    HASH_MAP_MATCHES_CONTENT,
+    HASHED_BLOCK_IMMUTABLE,
+    BLOCK_TABLE_COVERS_TOKENS,
+    TABLE_CONTENT_MATCHES_REQUEST,
+    PREFIX_HIT_WHOLE_BLOCKS,
+    ONE_QUEUE_PER_REQUEST,
+    RUNNING_WITHIN_MAX_NUM_SEQS,
+    STEP_WITHIN_TOKEN_BUDGET,
+    COMPUTED_WITHIN_TOKENS,
+    FINISHES_EXACTLY_ONCE,
+    IDLE_HOLDS_ONLY_CACHE,
 )
 
 
@@ -95,7 +104,10 @@ def check_allocator(snapshot: AllocatorSnapshot) -> None:
 def _check_partition(snapshot: AllocatorSnapshot) -> None:
     free = snapshot.free_block_ids
     if len(set(free)) != len(free):
-        _fail(BLOCKS_PARTITIONED, f"the free queue holds a block twice: {sorted(k for k, v in Counter(free).items() if v > 1)}")
+        _fail(
+            BLOCKS_PARTITIONED,
+            f"the free queue holds a block twice: {sorted(k for k, v in Counter(free).items() if v > 1)}",
+        )
     if len(snapshot.blocks) != snapshot.num_blocks:
         _fail(BLOCKS_PARTITIONED, f"{len(snapshot.blocks)} block states for a pool of {snapshot.num_blocks}")
     free_set = set(free)
@@ -106,7 +118,10 @@ def _check_partition(snapshot: AllocatorSnapshot) -> None:
         if is_free and block.ref_count != 0:
             _fail(BLOCKS_PARTITIONED, f"block {block.block_id} is free but has ref count {block.ref_count}")
         if not is_free and block.ref_count == 0:
-            _fail(BLOCKS_PARTITIONED, f"block {block.block_id} is neither free nor used (ref count 0, not in the free queue)")
+            _fail(
+                BLOCKS_PARTITIONED,
+                f"block {block.block_id} is neither free nor used (ref count 0, not in the free queue)",
+            )
     unknown = [b for b in free if not 0 <= b < snapshot.num_blocks]
     if unknown:
         _fail(BLOCKS_PARTITIONED, f"free queue holds unknown blocks {unknown}")
@@ -122,7 +137,8 @@ def _check_ref_counts(snapshot: AllocatorSnapshot) -> None:
         if block.ref_count != holders[block.block_id]:
             _fail(
                 REF_COUNT_MATCHES_TABLES,
-                f"block {block.block_id} has ref count {block.ref_count} but {holders[block.block_id]} block tables hold it",
+                f"block {block.block_id} has ref count {block.ref_count} "
+                f"but {holders[block.block_id]} block tables hold it",
             )
 
 
@@ -132,12 +148,18 @@ def _check_hash_map(snapshot: AllocatorSnapshot) -> None:
             _fail(HASH_MAP_MATCHES_CONTENT, f"hash map points {block_hash:#x} at unknown block {block_id}")
         block = snapshot.blocks[block_id]
         if block.block_hash != block_hash:
-            _fail(HASH_MAP_MATCHES_CONTENT, f"hash map points {block_hash:#x} at block {block_id}, whose hash is {block.block_hash}")
+            _fail(
+                HASH_MAP_MATCHES_CONTENT,
+                f"hash map points {block_hash:#x} at block {block_id}, whose hash is {block.block_hash}",
+            )
     for block in snapshot.blocks:
         if block.block_hash is None:
             continue
         if snapshot.cached_blocks.get(block.block_hash) != block.block_id:
-            _fail(HASH_MAP_MATCHES_CONTENT, f"block {block.block_id} carries hash {block.block_hash:#x} the hash map does not point at it")
+            _fail(
+                HASH_MAP_MATCHES_CONTENT,
+                f"block {block.block_id} carries hash {block.block_hash:#x} the hash map does not point at it",
+            )
         if block.token_ids is None or len(block.token_ids) != snapshot.block_size:
             _fail(HASH_MAP_MATCHES_CONTENT, f"hashed block {block.block_id} is not full: {block.token_ids}")
         parent = NO_PARENT if block.parent_hash is None else block.parent_hash
@@ -154,7 +176,10 @@ def check_scheduler(snapshot: SchedulerSnapshot) -> None:
         _fail(RUNNING_WITHIN_MAX_NUM_SEQS, f"{len(snapshot.running)} running > max_num_seqs {config.max_num_seqs}")
     scheduled = sum(state.num_scheduled_tokens for state in snapshot.requests.values())
     if scheduled > config.max_num_batched_tokens:
-        _fail(STEP_WITHIN_TOKEN_BUDGET, f"{scheduled} tokens scheduled > max_num_batched_tokens {config.max_num_batched_tokens}")
+        _fail(
+            STEP_WITHIN_TOKEN_BUDGET,
+            f"{scheduled} tokens scheduled > max_num_batched_tokens {config.max_num_batched_tokens}",
+        )
     for request_id in snapshot.waiting:
         _check_waiting_request(snapshot, snapshot.requests[request_id])
     for request_id in snapshot.running:
@@ -175,7 +200,10 @@ def _check_queues(snapshot: SchedulerSnapshot) -> None:
         _fail(ONE_QUEUE_PER_REQUEST, f"requests in two queues (or twice in one): {twice}")
     if set(seen) != set(snapshot.requests):
         lost = sorted(set(snapshot.requests) - set(seen))
-        _fail(ONE_QUEUE_PER_REQUEST, f"active requests in no queue: {lost}; unknown in queues: {sorted(set(seen) - set(snapshot.requests))}")
+        _fail(
+            ONE_QUEUE_PER_REQUEST,
+            f"active requests in no queue: {lost}; unknown in queues: {sorted(set(seen) - set(snapshot.requests))}",
+        )
 
 
 def _check_waiting_request(snapshot: SchedulerSnapshot, state: RequestState) -> None:
@@ -219,7 +247,8 @@ def _check_running_request(snapshot: SchedulerSnapshot, state: RequestState) -> 
         if block.block_hash is not None and block.block_hash != expected:
             _fail(
                 TABLE_CONTENT_MATCHES_REQUEST,
-                f"request {state.request_id!r} block {index} (id {block.block_id}) is cached under a hash of other tokens",
+                f"request {state.request_id!r} block {index} (id {block.block_id}) "
+                "is cached under a hash of other tokens",
             )
 
 

@@ -17,7 +17,11 @@ from twinfer.default_model import default_model
 
 pytestmark = pytest.mark.differential
 
-PROMPTS = ("def ", "import os\nimport sys\n\n\ndef main(argv):\n    ", "class Queue:\n    def __init__(self, maxsize=0):")
+PROMPTS = (
+    "def ",
+    "import os\nimport sys\n\n\ndef main(argv):\n    ",
+    "class Queue:\n    def __init__(self, maxsize=0):",
+)
 
 
 @pytest.fixture(scope="module")

@@ -155,7 +155,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help="checkpoint directory or Hugging Face hub id (default: the built-in stdlib-tiny model, trained on the Python standard library)",
+        help="checkpoint directory or Hugging Face hub id (default: the built-in stdlib-tiny model)",
     )
     parser.add_argument(
         "--dtype",
