@@ -10,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from reports.differential import DiffRecord, PairComparison, hf_greedy_trace, trace_from_output
+from reports.endpoint import endpoint_url, is_endpoint, run_greedy, teacher_forced_check
 from spec.agreement import Trace, compare_traces
 from spec.checkpoint import load_model_config, parse_dtype, resolve_checkpoint
 from spec.errors import ConfigError
@@ -22,10 +23,19 @@ DIFF_ENGINES = (*ENGINE_NAMES, HF)
 
 
 def check_diff_engines(engines: Sequence[str]) -> None:
-    if len(engines) < 2 or len(set(engines)) != len(engines) or any(name not in DIFF_ENGINES for name in engines):
+    """Two or more distinct engines: local ones (fast, reference, hf) or OpenAI endpoints
+    (openai:http://HOST:PORT/v1, whose URL is checked here); at least one must be local."""
+    known = all(name in DIFF_ENGINES or is_endpoint(name) for name in engines)
+    if len(engines) < 2 or len(set(engines)) != len(engines) or not known:
         raise ConfigError(
-            f"--engines takes two or more distinct engines of {', '.join(DIFF_ENGINES)}, got {','.join(engines)}"
+            f"--engines takes two or more distinct engines of {', '.join(DIFF_ENGINES)} or "
+            f"openai:http://HOST:PORT/v1, got {','.join(engines)}"
         )
+    for name in engines:
+        if is_endpoint(name):
+            endpoint_url(name)  # a malformed URL fails now
+    if all(is_endpoint(name) for name in engines):
+        raise ConfigError("--engines needs at least one local engine to compare endpoints with")
 
 
 def run_diff(
@@ -43,7 +53,7 @@ def run_diff(
     check_diff_engines(engines)
     target = resolve_device(device)
     for name in engines:  # fail before any engine runs, not after the first has taken minutes
-        if name != HF:
+        if name != HF and not is_endpoint(name):
             check_engine_can_run(name, target)
     checkpoint = resolve_checkpoint(model)
     torch_dtype = parse_dtype(dtype, load_model_config(checkpoint))
@@ -51,9 +61,14 @@ def run_diff(
     prompts = [list(tokenizer.encode(text, add_special_tokens=False)) for text in text_prompts]
     prompts += [list(p) for p in token_prompts]
     traces: dict[str, list[Trace]] = {}
+    endpoint_notes: dict[str, dict[str, object]] = {}
     for name in tqdm(engines, desc="engines", leave=False):
         if name == HF:
             traces[name] = _hf_traces(checkpoint, torch_dtype, target, prompts, max_new_tokens, top_k)
+        elif is_endpoint(name):
+            result = run_greedy(endpoint_url(name), checkpoint, prompts, max_new_tokens, top_k)
+            traces[name] = result.traces
+            endpoint_notes[name] = {"notes": result.notes, "unmapped_alternatives": result.unmapped_alternatives}
         else:
             traces[name] = _engine_traces(name, checkpoint, torch_dtype, target, prompts, max_new_tokens, top_k)
     rule = "exact" if torch_dtype == torch.float32 else "near-tie"
@@ -63,7 +78,16 @@ def run_diff(
         dtype=str(torch_dtype).removeprefix("torch."),
         max_new_tokens=max_new_tokens,
         top_k=top_k,
+        endpoints=endpoint_notes,
     )
+    # Teacher-forced: each endpoint scores the first local engine's tokens (echo + prompt logprobs).
+    baseline = next(name for name in engines if not is_endpoint(name))
+    for name in engines:
+        if is_endpoint(name):
+            check = teacher_forced_check(
+                endpoint_url(name), checkpoint, prompts, traces[baseline], top_k, logprob_tolerance, rule
+            )
+            record.teacher_forced[name] = {"baseline": baseline, **check.to_dict()}
     for candidate, baseline in itertools.combinations(engines, 2):
         comparison = PairComparison(candidate, baseline)
         for index, prompt in enumerate(prompts):

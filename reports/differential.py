@@ -77,10 +77,17 @@ class DiffRecord:
     max_new_tokens: int
     top_k: int
     comparisons: list[PairComparison] = field(default_factory=list)
+    # Per OpenAI endpoint: how its traces were rebuilt (notes, alternatives not mapped to token ids),
+    # and its teacher-forced check (where the server supports echo with prompt logprobs).
+    endpoints: dict[str, dict[str, object]] = field(default_factory=dict)
+    teacher_forced: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def all_agree(self) -> bool:
-        return all(comparison.all_agree for comparison in self.comparisons)
+        forced = (check for check in self.teacher_forced.values() if check.get("supported"))
+        return all(comparison.all_agree for comparison in self.comparisons) and all(
+            bool(check.get("all_agree")) for check in forced
+        )
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -90,5 +97,7 @@ class DiffRecord:
             "max_new_tokens": self.max_new_tokens,
             "top_k": self.top_k,
             "comparisons": [comparison.to_dict() for comparison in self.comparisons],
+            "endpoints": self.endpoints,
+            "teacher_forced": self.teacher_forced,
             "all_agree": self.all_agree,
         }

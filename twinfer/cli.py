@@ -114,8 +114,9 @@ def _add_diff_command(commands: argparse._SubParsersAction) -> None:
     diff.add_argument(
         "--engines",
         default="reference,hf",
-        help=f"two or more engines, comma-separated, every pair compared; of {', '.join(DIFF_ENGINES)} "
-        "(default reference,hf)",
+        help=f"two or more engines, comma-separated, every pair compared; of {', '.join(DIFF_ENGINES)}, or an "
+        "OpenAI-compatible server as openai:http://HOST:PORT/v1 (checked free-running, and teacher-forced through "
+        "echo where the server supports it; give --dtype the server's dtype) (default reference,hf)",
     )
     diff.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
     diff.add_argument("--top-k", type=int, default=5, help="top log-probabilities compared per token (default 5)")
@@ -281,6 +282,15 @@ def _run_diff(args: argparse.Namespace) -> int:
                 f"  {status:9} prompt {entry['index']} ({entry['num_prompt_tokens']} tokens): {where}, "
                 f"max |dlogprob| {entry['max_logprob_error']:.2e}"
             )
+    for endpoint, notes in record.endpoints.items():
+        for note in notes.get("notes", []):
+            print(f"{endpoint}: note: {note}")
+    for endpoint, check in record.teacher_forced.items():
+        if not check["supported"]:
+            print(f"{endpoint} teacher-forced: not run: {check['note']}")
+        else:
+            status = "agree" if check["all_agree"] else "DISAGREE"
+            print(f"{endpoint} teacher-forced on {check['baseline']}'s tokens: {status}")
     pairs = ", ".join(f"{c.candidate} vs {c.baseline}" for c in record.comparisons)
     num_prompts = len(DIFF_TEXT_PROMPTS) + len(DIFF_TOKEN_PROMPTS)
     verdict = "full agreement" if record.all_agree else "DISAGREEMENT"
