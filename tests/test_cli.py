@@ -9,7 +9,7 @@ import pytest
 
 from reports.bench import WORKLOAD_SUMMARIES
 from twinfer import cli
-from twinfer.cli import build_parser, main
+from twinfer.cli import DIFF_TEXT_PROMPTS, DIFF_TOKEN_PROMPTS, build_parser, main
 
 HELP_COMMANDS = [
     [],
@@ -150,6 +150,9 @@ def test_generate_fast_on_cpu_without_interpreter_is_a_clear_error(
     assert "set TRITON_INTERPRET=1" in capsys.readouterr().err
 
 
+NUM_DIFF_PROMPTS = len(DIFF_TEXT_PROMPTS) + len(DIFF_TOKEN_PROMPTS)
+
+
 def test_generate_uses_the_built_in_model_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     """No --model: the shipped stdlib-tiny model, whose tokenizer knows Python ("def " is one token)."""
     from twinfer.default_model import DEFAULT_MODEL_DIR
@@ -184,7 +187,8 @@ def test_diff_reports_full_agreement(tiny_checkpoint: Path, tmp_path: Path, caps
     record = json.loads(record_path.read_text())
     assert record["all_agree"] and record["engines"] == ["reference", "hf"]
     (comparison,) = record["comparisons"]
-    assert (comparison["candidate"], comparison["baseline"]) == ("reference", "hf") and len(comparison["prompts"]) == 6
+    assert (comparison["candidate"], comparison["baseline"]) == ("reference", "hf")
+    assert len(comparison["prompts"]) == NUM_DIFF_PROMPTS
     assert all(p["first_divergence"] is None and p["num_tokens"] == 16 for p in comparison["prompts"])
 
 
@@ -215,7 +219,7 @@ def test_diff_compares_every_pair_of_three_engines(
     record = json.loads(record_path.read_text())
     pairs = [(c["candidate"], c["baseline"]) for c in record["comparisons"]]
     assert pairs == [("fast", "reference"), ("fast", "hf"), ("reference", "hf")]
-    assert all(len(c["prompts"]) == 6 and c["all_agree"] for c in record["comparisons"])
+    assert all(len(c["prompts"]) == NUM_DIFF_PROMPTS and c["all_agree"] for c in record["comparisons"])
 
 
 @pytest.mark.differential
