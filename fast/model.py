@@ -67,6 +67,8 @@ class FastCausalLM:
         self.head_dim = config.head_dim
         self.layout = layout
         self.collectives = collectives
+        # o_proj and down: a plain linear for one rank (nothing added to its per-layer cost).
+        self._row_parallel = self.linear if collectives is None else self._sharded_row_parallel
         # fp32 [max_positions, head_dim]: cos | sin halves, RoPE scaling and attention factor applied.
         self.cos_sin = cos_sin_cache(config, max_positions).to(device)
 
@@ -103,10 +105,8 @@ class FastCausalLM:
         rows = functional.embedding(local.masked_fill(outside, 0), self.weights.embed_tokens)
         return self.collectives.all_reduce(rows.masked_fill_(outside.unsqueeze(1), 0))
 
-    def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _sharded_row_parallel(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ weight^T (+ bias), weight's input columns split across ranks: partial sums all-reduced."""
-        if self.collectives is None:
-            return self.linear(x, weight, bias)
         out = self.collectives.all_reduce(self.linear(x, weight))
         return out if bias is None else out + bias
 

@@ -166,15 +166,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def serve(self) -> None:
-        """Ranks > 0: run each step rank 0 sends, until it sends stop. The logits are dropped (rank 0 samples).
-
-        The host buffer is refilled only after rank 0 sends the next step, which it does after its
-        own step ended with the logits gather, which this rank joins after its upload was queued
-        and ran: so no upload still reads the buffer when it is overwritten."""
+        """Ranks > 0: run each step rank 0 sends, until it sends stop. The logits are dropped (rank 0 samples)."""
         if self.channel is None:
             raise TensorParallelError("serve() is for the ranks > 0 of a tensor-parallel group")
         inputs = self.inputs
         while True:
+            inputs.wait_for_upload()
             header = self.channel.receive(inputs.host)
             if header.command is StepCommand.STOP:
                 return

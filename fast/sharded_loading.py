@@ -1,0 +1,133 @@
+"""Where a rank's weights come from: a safetensors checkpoint read slice by slice, or a state dict in memory.
+
+Under tensor parallelism each rank packs only its own shard (fast.weights.ShardLayout). From a
+checkpoint it reads only those slices, through `safe_open(...).get_slice(name)[rows]` (or
+`[:, columns]`): the other ranks' rows are never read, so no rank ever holds the whole model.
+Before reading, every tensor the files hold is checked against the model's configuration as
+`spec.checkpoint.load_state_dict` checks it (names from `expected_weight_shapes`, shapes, a float
+dtype; unknown tensors refused), using only the files' headers.
+
+Both sources are picklable, so the engine hands them to the worker processes it spawns: a
+checkpoint as its path, a state dict through torch.multiprocessing's tensor sharing (shared memory
+on the CPU, CUDA IPC on a GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fast.weights import ModelWeights, ShardLayout, TensorReader, pack_weights
+from spec.checkpoint import IGNORED_SUFFIXES, expected_weight_shapes, weight_files
+from spec.errors import CheckpointError
+from spec.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+# safetensors dtype names of floating-point tensors (what `Tensor.is_floating_point` accepts).
+FLOAT_DTYPE_NAMES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+
+
+@dataclass(frozen=True)
+class CheckpointWeights:
+    """A safetensors checkpoint directory; each rank reads only its slices."""
+
+    checkpoint: Path
+
+    def pack(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layout: ShardLayout) -> ModelWeights:
+        with open_checkpoint_slices(self.checkpoint, config) as read:
+            weights = pack_weights(config, read, dtype, device, layout)
+        logger.info("rank %d of %d read its shard of %s", layout.rank, layout.world_size, self.checkpoint)
+        return weights
+
+    def release(self) -> None:
+        """Nothing is held between packs."""
+
+
+class StateDictWeights:
+    """Tensors already in memory (the checked state dict of spec.checkpoint.load_state_dict)."""
+
+    def __init__(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.state_dict: Mapping[str, torch.Tensor] = state_dict
+
+    def pack(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layout: ShardLayout) -> ModelWeights:
+        return pack_weights(config, self.state_dict, dtype, device, layout)
+
+    def release(self) -> None:
+        """Drop this holder's reference (never the caller's tensors), so a worker that received the
+        tensors from another process stops mapping that process's memory once it has its shard."""
+        self.state_dict = {}
+
+
+WeightSource = CheckpointWeights | StateDictWeights
+
+
+@contextmanager
+def open_checkpoint_slices(checkpoint: Path, config: ModelConfig) -> Iterator[TensorReader]:
+    """A TensorReader over the checkpoint's files, open for the duration of the block, after
+    checking every tensor's name, shape and dtype against `config` (headers only)."""
+    from safetensors import SafetensorError, safe_open
+
+    expected = expected_weight_shapes(config)
+    with ExitStack() as stack:
+        located: dict[str, Any] = {}  # name -> the open file that holds it
+        unexpected: list[str] = []
+        for file in weight_files(checkpoint):
+            try:
+                handle = stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
+                for name in handle.keys():
+                    if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and config.tie_word_embeddings):
+                        continue
+                    if name not in expected:
+                        unexpected.append(name)
+                        continue
+                    _check_header(name, handle.get_slice(name), expected[name], checkpoint)
+                    located[name] = handle
+            except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+                raise CheckpointError(f"cannot read {file} (truncated or corrupt safetensors?): {error}") from error
+        _check_complete(checkpoint, config, expected, located, unexpected)
+
+        def read(name: str, dim: int, span: tuple[int, int] | None) -> torch.Tensor:
+            handle = located[name]
+            try:
+                if span is None:
+                    return handle.get_tensor(name)
+                rows = slice(span[0], span[1])
+                piece = handle.get_slice(name)
+                return piece[rows] if dim == 0 else piece[:, rows]
+            except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+                raise CheckpointError(f"cannot read tensor {name!r} of {checkpoint}: {error}") from error
+
+        yield read
+
+
+def _check_header(name: str, piece: Any, shape: tuple[int, ...], checkpoint: Path) -> None:
+    stored = tuple(piece.get_shape())
+    if stored != shape:
+        raise CheckpointError(f"tensor {name!r} in {checkpoint} has shape {stored}, but the config implies {shape}")
+    if piece.get_dtype() not in FLOAT_DTYPE_NAMES:
+        raise CheckpointError(f"tensor {name!r} has non-float dtype {piece.get_dtype()}")
+
+
+def _check_complete(
+    checkpoint: Path,
+    config: ModelConfig,
+    expected: Mapping[str, tuple[int, ...]],
+    located: Mapping[str, Any],
+    unexpected: list[str],
+) -> None:
+    missing = sorted(set(expected) - set(located))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise CheckpointError(f"checkpoint {checkpoint} is missing tensors: {shown}")
+    if unexpected:
+        shown = ", ".join(sorted(unexpected)[:5]) + (f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else "")
+        raise CheckpointError(
+            f"checkpoint {checkpoint} has tensors the {config.architecture} model does not use: {shown}"
+        )

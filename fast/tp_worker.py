@@ -1,0 +1,107 @@
+"""The ranks > 0 of a tensor-parallel fast engine: join the process groups, build the model runner
+over this rank's shard, then replay every step rank 0 sends until it says stop.
+
+Two ways to get here:
+
+* spawned by the engine (fast.tp_launch, torch.multiprocessing "spawn", one host): the process runs
+  `spawned_worker_main`, which reports to rank 0 through a queue (started, or the traceback of a
+  failure) and exits when rank 0's process exits, whatever happens to it;
+* started by torchrun (several hosts): every rank runs the user's script; on ranks > 0 the fast
+  engine's constructor calls `serve_rank` and then ends the process (SystemExit(0)) once rank 0
+  shuts down, so the script's code after the constructor runs on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fast.model_runner import ModelRunner
+from fast.parallel import init_process_groups
+from fast.sharded_loading import WeightSource
+from spec.engine_config import EngineConfig
+from spec.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+STARTED = "started"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every rank builds its runner from (picklable: sent to spawned workers)."""
+
+    model_config: ModelConfig
+    weights: WeightSource
+    engine_config: EngineConfig  # tensor_parallel_size set
+    dtype: torch.dtype
+    base_device: str  # rank r runs on cuda:(index + r) of this device, or on the CPU
+    init_method: str  # torch.distributed rendezvous: tcp://host:port, or env:// under torchrun
+    num_threads: int  # torch intra-op threads, as in rank 0's process
+    allow_one_shot: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.engine_config.tensor_parallel_size
+
+    def device_for(self, rank: int) -> torch.device:
+        base = torch.device(self.base_device)
+        if base.type != "cuda":
+            return base
+        return torch.device("cuda", (base.index or 0) + rank)
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    rank: int
+    kind: str  # STARTED or FAILED
+    detail: str  # pid, or the failure's traceback
+
+
+def serve_rank(rank: int, device: torch.device, spec: WorkerSpec) -> None:
+    """Join the groups, build this rank's runner (the start-up collectives meet rank 0's), serve until stop."""
+    torch.set_num_threads(spec.num_threads)
+    groups = init_process_groups(rank, spec.world_size, device, spec.init_method)
+    runner = ModelRunner(
+        spec.model_config, spec.weights, spec.engine_config, spec.dtype, device, groups, spec.allow_one_shot
+    )
+    spec.weights.release()
+    logger.info("tensor-parallel rank %d of %d ready on %s", rank, spec.world_size, device)
+    runner.serve()
+    groups.destroy()
+
+
+def spawned_worker_main(rank: int, spec: WorkerSpec, reports: Any) -> None:
+    """Entry point of a spawned worker process. reports: a multiprocessing queue to rank 0."""
+    _exit_when_parent_exits()
+    reports.put(WorkerReport(rank, STARTED, str(os.getpid())))
+    try:
+        serve_rank(rank, spec.device_for(rank), spec)
+    except BaseException:
+        reports.put(WorkerReport(rank, FAILED, traceback.format_exc()))
+        reports.close()
+        reports.join_thread()  # the report must reach rank 0 before the process goes
+        # Leave at once: a broken process group can block in the destructors of a normal exit.
+        os._exit(1)
+
+
+def _exit_when_parent_exits() -> None:
+    """A worker never outlives the engine's process, even one killed without a chance to clean up."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="twinfer-tp-parent-watch", daemon=True).start()

@@ -1,0 +1,374 @@
+"""Tensor parallelism on the CPU: two gloo ranks, each a process running Triton's interpreter.
+
+The fast engine split over 2 ranks against the reference engine and transformers (fp32, tiny
+models): identical greedy tokens and top-5 logprobs within 1e-4, identical scheduling decisions, on
+the differential cases of tests/test_fast_engine.py: a batch of mixed lengths, prefix hits, chunked
+prefill and preemption. The models cover a tied Qwen3 (2 KV heads, one per rank) and a Llama with
+one KV head (fewer than ranks: replicated), biases on every projection (row-parallel biases added
+once), an untied LM head and a vocabulary of 383 rows (the second rank's shard padded).
+
+Faults: a size that does not split the model is a ConfigError before any process starts; a worker
+that raises, or is killed, makes rank 0 raise TensorParallelError naming it, and no process stays
+behind. The torchrun path (ranks from the environment) runs the same generation.
+
+Each decode step costs about a second per rank in the interpreter: sequences are short.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fast.engine import FastEngine
+from fast.parallel import TensorParallelError
+from fast.sharded_loading import CheckpointWeights, StateDictWeights, open_checkpoint_slices
+from fast.weights import ShardLayout, check_tensor_parallel_size, pack_weights
+from reference.engine import ReferenceEngine
+from reports.differential import hf_greedy_trace, trace_from_output
+from reports.tiny_model import TinyModelShape, write_tiny_model
+from spec.agreement import compare_traces
+from spec.checkpoint import load_model_config, load_state_dict
+from spec.engine_config import EngineConfig
+from spec.errors import CheckpointError, ConfigError
+from spec.model_config import ModelConfig
+from spec.sampling_params import SamplingParams
+from spec.scheduling import StepPlan
+
+pytestmark = pytest.mark.differential
+
+MAX_NEW_TOKENS = 16
+TOP_K = 5
+BLOCK_SIZE = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True, logprobs=TOP_K)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+_rng = random.Random(1010)
+
+
+def _prompt(length: int) -> list[int]:
+    return [_rng.randrange(383) for _ in range(length)]
+
+
+# 1 token, exactly a block, one past, several blocks.
+MIXED_PROMPTS = [_prompt(n) for n in (1, BLOCK_SIZE, BLOCK_SIZE + 1, 3 * BLOCK_SIZE + 3)]
+SHARED_PREFIX = _prompt(3 * BLOCK_SIZE + 2)
+PREFIX_PROMPTS = [SHARED_PREFIX + _prompt(n) for n in (1, 5)]
+
+LLAMA_SHAPE = TinyModelShape(
+    num_key_value_heads=1, tie_word_embeddings=False, attention_bias=True, mlp_bias=True, tokenizer_vocab_size=383
+)
+
+
+@pytest.fixture(scope="module")
+def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(
+        tmp_path_factory.mktemp("tp-llama") / "kv1", seed=5, shape=LLAMA_SHAPE, architecture="llama"
+    )
+
+
+def _weights(checkpoint: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    config = load_model_config(checkpoint)
+    return config, load_state_dict(checkpoint, config, torch.float32)
+
+
+def _record_plans(engine) -> list[StepPlan]:
+    plans: list[StepPlan] = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule() -> StepPlan:
+        plan = schedule()
+        plans.append(plan)
+        return plan
+
+    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    return plans
+
+
+def _assert_three_way(parallel_outputs, reference_outputs, prompts, hf_model) -> None:
+    for parallel, reference, prompt in zip(parallel_outputs, reference_outputs, prompts, strict=True):
+        assert list(parallel.prompt_token_ids) == prompt
+        assert len(parallel.token_ids) == MAX_NEW_TOKENS
+        hf_trace = hf_greedy_trace(hf_model, prompt, MAX_NEW_TOKENS, TOP_K)
+        for name, baseline in (("hf", hf_trace), ("reference", trace_from_output(reference))):
+            comparison = compare_traces(trace_from_output(parallel), baseline, logprob_tolerance=1e-4)
+            assert comparison.agree, f"2 ranks vs {name}, prompt of {len(prompt)} tokens: {comparison}"
+        assert parallel.num_cached_prompt_tokens == reference.num_cached_prompt_tokens
+
+
+def _run_staggered(engine, first: list[int], later: list[list[int]]) -> list:
+    """`first` alone for one step (its prompt's blocks enter the prefix cache), then `later` join."""
+    ids = [engine.add_request(first, GREEDY)]
+    engine.step()
+    ids += [engine.add_request(prompt, GREEDY) for prompt in later]
+    finished = {}
+    while engine.has_unfinished:
+        finished.update({output.request_id: output for output in engine.step() if output.finished})
+    return [finished[request_id] for request_id in ids]
+
+
+def _assert_gone(pids: list[int]) -> None:
+    """Every worker process has ended (and been reaped: no zombie left either)."""
+    assert pids
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not multiprocessing.active_children()
+
+
+def _worker_pids(engine: FastEngine) -> list[int]:
+    assert engine.tensor_parallel is not None and engine.tensor_parallel.workers is not None
+    return engine.tensor_parallel.workers.pids
+
+
+# ----------------------------------------------------------------------------- layout and loading (no processes)
+
+
+def test_layouts_split_heads_intermediate_and_vocabulary(tiny_weights, llama_checkpoint: Path) -> None:
+    qwen, _ = tiny_weights
+    ranks = [ShardLayout.for_rank(qwen, rank, 2) for rank in range(2)]
+    assert [(r.head_start, r.num_heads, r.kv_head_start, r.num_kv_heads) for r in ranks] == [(0, 2, 0, 1), (2, 2, 1, 1)]
+    assert [(r.intermediate_start, r.intermediate_size) for r in ranks] == [(0, 64), (64, 64)]
+    llama = load_model_config(llama_checkpoint)
+    ranks = [ShardLayout.for_rank(llama, rank, 2) for rank in range(2)]
+    # One KV head, two ranks: both keep KV head 0, which all four query heads read.
+    assert [(r.head_start, r.kv_head_start, r.num_kv_heads) for r in ranks] == [(0, 0, 1), (2, 0, 1)]
+    assert [(r.vocab_start, r.vocab_rows, r.vocab_shard_size) for r in ranks] == [(0, 192, 192), (192, 191, 192)]
+
+
+@pytest.mark.parametrize(
+    "field, value, size, message",
+    [
+        ("num_attention_heads", 4, 3, "does not divide the model's 4 attention heads"),
+        ("intermediate_size", 130, 4, "does not divide the model's intermediate_size 130"),
+        ("num_key_value_heads", 3, 2, "cannot share the model's 3 KV heads"),
+    ],
+)
+def test_sizes_that_do_not_split_the_model_are_refused(
+    tiny_weights, field: str, value: int, size: int, message: str
+) -> None:
+    config, _ = tiny_weights
+    changed = {"num_attention_heads": 6} if field == "num_key_value_heads" else {}
+    bad = dataclasses.replace(config, **changed, **{field: value})
+    with pytest.raises(ConfigError, match=message):
+        check_tensor_parallel_size(bad, size)
+
+
+def test_each_rank_reads_only_its_slices_and_they_rebuild_the_model(llama_checkpoint: Path) -> None:
+    config, state_dict = _weights(llama_checkpoint)
+    read_shapes: list[tuple[str, tuple[int, ...]]] = []
+    shards = []
+    for rank in range(2):
+        layout = ShardLayout.for_rank(config, rank, 2)
+        with open_checkpoint_slices(llama_checkpoint, config) as read:
+
+            def recording_read(name: str, dim: int, span: tuple[int, int] | None):
+                tensor = read(name, dim, span)
+                read_shapes.append((name, tuple(tensor.shape)))
+                return tensor
+
+            from_file = pack_weights(config, recording_read, torch.float32, torch.device("cpu"), layout)
+        from_memory = pack_weights(config, state_dict, torch.float32, torch.device("cpu"), layout)
+        for a, b in zip(_flat(from_file), _flat(from_memory), strict=True):
+            assert torch.equal(a, b)
+        shards.append(from_file)
+    # Every matrix was read as a slice, never whole; whole are only the norms, the row-parallel biases
+    # (added once, after the all-reduce) and the single KV head that both ranks keep.
+    replicated = ("norm.weight", "o_proj.bias", "down_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
+                  "v_proj.bias")  # fmt: skip
+    for name, shape in read_shapes:
+        full = tuple(state_dict[name].shape)
+        assert (shape == full) if name.endswith(replicated) else (shape != full), (name, shape)
+    whole = pack_weights(config, state_dict, torch.float32, torch.device("cpu"))
+    layer, halves = whole.layers[1], [shard.layers[1] for shard in shards]
+    assert torch.equal(torch.cat([h.o_proj for h in halves], dim=1), layer.o_proj)
+    assert torch.equal(torch.cat([h.down for h in halves], dim=1), layer.down)
+    assert torch.equal(torch.cat([shard.lm_head for shard in shards])[: config.vocab_size], whole.lm_head)
+    assert torch.count_nonzero(shards[1].embed_tokens[-1]) == 0  # the padding row
+
+
+def _flat(weights) -> list[torch.Tensor]:
+    tensors = [weights.embed_tokens, weights.final_norm, weights.lm_head]
+    for layer in weights.layers:
+        tensors += [t for t in vars(layer).values() if t is not None]
+    return tensors
+
+
+def test_sharded_loading_refuses_a_transposed_tensor(tmp_path: Path, llama_checkpoint: Path) -> None:
+    from safetensors.torch import save_file
+
+    config, state_dict = _weights(llama_checkpoint)
+    name = "model.layers.0.mlp.down_proj.weight"  # [64, 128] stored as [128, 64]: same element count
+    broken = dict(state_dict) | {name: state_dict[name].t().contiguous()}
+    (tmp_path / "config.json").write_text((llama_checkpoint / "config.json").read_text())
+    save_file(broken, str(tmp_path / "model.safetensors"))
+    layout = ShardLayout.for_rank(config, 0, 2)
+    with pytest.raises(CheckpointError, match=r"down_proj.weight.*shape \(128, 64\).*implies \(64, 128\)"):
+        CheckpointWeights(tmp_path).pack(config, torch.float32, torch.device("cpu"), layout)
+
+
+# ----------------------------------------------------------------------------- two ranks against the reference
+
+
+def test_two_ranks_match_reference_and_transformers_qwen3(tiny_checkpoint: Path, hf_model) -> None:
+    """Sharded loading from the checkpoint; a mixed batch, then prefix hits; shutdown ends every rank."""
+    config, state_dict = _weights(tiny_checkpoint)
+    engine_config = EngineConfig(block_size=BLOCK_SIZE, num_blocks=64, check_invariants=True)
+    reference = ReferenceEngine(config, state_dict, engine_config, torch.float32, "cpu")
+    with FastEngine.from_pretrained(tiny_checkpoint, engine_config, "float32", "cpu", tensor_parallel_size=2) as fast:
+        pids = _worker_pids(fast)
+        assert fast.tensor_parallel_info()["small_all_reduce"] == "gloo"
+        fast_plans, reference_plans = _record_plans(fast), _record_plans(reference)
+        outputs = fast.generate(MIXED_PROMPTS, GREEDY)
+        _assert_three_way(outputs, reference.generate(MIXED_PROMPTS, GREEDY), MIXED_PROMPTS, hf_model)
+        assert max(len(plan.chunks) for plan in fast_plans) == len(MIXED_PROMPTS)
+
+        prompts = [PREFIX_PROMPTS[0], PREFIX_PROMPTS[1], PREFIX_PROMPTS[1]]
+        outputs = _run_staggered(fast, prompts[0], prompts[1:])
+        _assert_three_way(outputs, _run_staggered(reference, prompts[0], prompts[1:]), prompts, hf_model)
+        assert [o.num_cached_prompt_tokens for o in outputs] == [0, 3 * BLOCK_SIZE, 3 * BLOCK_SIZE]
+        assert fast_plans == reference_plans, "rank 0's scheduler decided differently from the reference"
+    _assert_gone(pids)
+    with pytest.raises(TensorParallelError, match="shut down"):
+        fast.generate([MIXED_PROMPTS[0]], GREEDY)
+
+
+def test_two_ranks_chunked_prefill_and_preemption_llama_with_one_kv_head(llama_checkpoint: Path) -> None:
+    """State dict in memory (handed to the spawned rank); a budget of 10 tokens and a pool of 7 blocks."""
+    from transformers import AutoModelForCausalLM
+
+    config, state_dict = _weights(llama_checkpoint)
+    hf = AutoModelForCausalLM.from_pretrained(str(llama_checkpoint), dtype=torch.float32).eval()
+    engine_config = EngineConfig(block_size=BLOCK_SIZE, num_blocks=7, max_num_batched_tokens=10, check_invariants=True)
+    reference = ReferenceEngine(config, state_dict, engine_config, torch.float32, "cpu")
+    prompts = MIXED_PROMPTS[1:]
+    with FastEngine(config, state_dict, engine_config, torch.float32, "cpu", tensor_parallel_size=2) as fast:
+        pids = _worker_pids(fast)
+        fast_plans, reference_plans = _record_plans(fast), _record_plans(reference)
+        outputs = fast.generate(prompts, GREEDY)
+        _assert_three_way(outputs, reference.generate(prompts, GREEDY), prompts, hf)
+    _assert_gone(pids)
+    assert fast_plans == reference_plans
+    assert any(not c.samples and c.num_tokens > 1 for plan in fast_plans for c in plan.chunks), "nothing was chunked"
+    assert any(plan.preempted for plan in fast_plans), "the pool never ran short"
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def test_a_size_that_does_not_divide_the_heads_fails_before_any_process_starts(tiny_weights) -> None:
+    config, state_dict = tiny_weights
+    with pytest.raises(ConfigError, match="tensor_parallel_size 3 does not divide the model's 4 attention heads"):
+        FastEngine(config, state_dict, EngineConfig(num_blocks=8), torch.float32, "cpu", tensor_parallel_size=3)
+    assert not multiprocessing.active_children()
+
+
+def test_a_killed_worker_makes_rank_0_raise_and_nothing_is_left(tiny_weights) -> None:
+    config, state_dict = tiny_weights
+    fast = FastEngine(config, state_dict, EngineConfig(block_size=BLOCK_SIZE, num_blocks=16), torch.float32, "cpu", 2)
+    pids = _worker_pids(fast)
+    fast.generate([MIXED_PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    os.kill(pids[0], signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
+        fast.generate([MIXED_PROMPTS[2]], GREEDY)
+    assert time.monotonic() - started < 30
+    _assert_gone(pids)
+    fast.shutdown()  # idempotent after a failure
+
+
+class ExplodingStateDict(dict):
+    """A state dict that works in the process that built it and raises in any other (a worker)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.home_pid = os.getpid()
+
+    def get(self, name: str, default: object = None) -> object:
+        if os.getpid() != self.home_pid:
+            raise RuntimeError("planted failure while reading weights on a worker")
+        return super().get(name, default)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_exploding, (dict(self), self.home_pid))
+
+
+def _rebuild_exploding(items: dict[str, torch.Tensor], home_pid: int) -> ExplodingStateDict:
+    rebuilt = ExplodingStateDict(items)
+    rebuilt.home_pid = home_pid
+    return rebuilt
+
+
+def test_a_worker_that_raises_makes_rank_0_raise_with_its_error_and_nothing_is_left(tiny_weights) -> None:
+    config, state_dict = tiny_weights
+    weights = StateDictWeights(ExplodingStateDict(state_dict))
+    started = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"(?s)rank 1 \(pid \d+\) failed:.*planted failure while reading"):
+        FastEngine(config, weights, EngineConfig(num_blocks=8), torch.float32, "cpu", tensor_parallel_size=2)
+    assert time.monotonic() - started < 60
+    assert not multiprocessing.active_children()
+
+
+# ----------------------------------------------------------------------------- torchrun
+
+
+_TORCHRUN_SCRIPT = """
+import json, sys, torch
+from fast.engine import FastEngine
+from spec.engine_config import EngineConfig
+from spec.sampling_params import SamplingParams
+torch.set_num_threads(1)
+engine = FastEngine.from_pretrained(sys.argv[1], EngineConfig(block_size=8, num_blocks=16), "float32", "cpu",
+                                    tensor_parallel_size=2)
+# Only rank 0 gets here: the other rank served inside the constructor and left with exit code 0.
+outputs = engine.generate(json.loads(sys.argv[2]), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+engine.shutdown()
+print("TOKENS", json.dumps([list(output.token_ids) for output in outputs]))
+"""
+
+
+def test_ranks_from_the_environment_as_torchrun_sets_them(tiny_checkpoint: Path, make_engine) -> None:
+    prompts = MIXED_PROMPTS[1:3]
+    port = _free_port()
+    processes = []
+    for rank in range(2):
+        environment = os.environ | {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT),
+        }  # fmt: skip
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _TORCHRUN_SCRIPT, str(tiny_checkpoint), json.dumps(prompts)],
+                env=environment,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO_ROOT,
+            )  # fmt: skip
+        )
+    results = [process.communicate(timeout=240) for process in processes]
+    for process, (_, stderr) in zip(processes, results, strict=True):
+        assert process.returncode == 0, stderr[-3000:]
+    printed = [line for line in results[0][0].splitlines() if line.startswith("TOKENS ")]
+    assert len(printed) == 1 and "TOKENS" not in results[1][0]
+    reference = make_engine(block_size=8, num_blocks=16)
+    expected = reference.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert json.loads(printed[0].removeprefix("TOKENS ")) == [list(output.token_ids) for output in expected]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
