@@ -21,6 +21,14 @@ Columns past a sequence's own blocks keep stale values: the kernels never read p
 
 Buffers are allocated once, for the largest step (max_num_batched_tokens tokens, max_num_seqs
 sequences, max_model_len keys each), so CUDA graphs can capture views of them.
+
+The host buffer is rewritten only after the previous upload from it has run on the device
+(`wait_for_upload`): a step that samples nothing ends without a device sync, so the next step may
+be packed while the device still has the last copy queued.
+
+Under tensor parallelism rank 0 packs and uploads as above, then sends the same packed words
+(`host`, `packed_words`) to the other ranks, which upload them with `load_received`: packing
+happens once, and every rank's device buffers hold the same step.
 """
 
 from __future__ import annotations
@@ -76,6 +84,28 @@ class InputBatch:
         self.cu_seqlens_q = torch.zeros(max_num_seqs + 1, dtype=torch.int32, device=device)
         self.block_tables = torch.full((max_num_seqs, max_blocks_per_seq), padding_block, dtype=torch.int32,
                                        device=device)
+        self.table_width = 1  # block-table columns of the last step loaded
+        self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
+
+    @property
+    def host(self) -> torch.Tensor:
+        """The flat int32 host buffer: the packed sections of the last step, back to back."""
+        return self._host
+
+    @staticmethod
+    def packed_words(num_tokens: int, num_logit_rows: int, num_seqs: int, table_width: int) -> int:
+        """Words of the packed section: token ids, positions, slots (T each), logit rows (R), seq lens
+        (S), query offsets (S + 1), block tables (S x W)."""
+        return 3 * num_tokens + num_logit_rows + 2 * num_seqs + 1 + num_seqs * table_width
+
+    def wait_for_upload(self) -> None:
+        """Until the last upload from the host buffer has run; then the buffer may be rewritten."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+
+    def load_received(self, num_tokens: int, num_logit_rows: int, num_seqs: int, table_width: int) -> None:
+        """Upload a packed section received into `host` (from rank 0) into the device buffers."""
+        self._upload(num_tokens, num_logit_rows, num_seqs, table_width)
 
     def load(self, sequences: Sequence[SequenceInput], pad_to: int | None = None) -> StepShape:
         """Fill the buffers for these sequences; with pad_to, append decode padding rows up to that many
@@ -87,6 +117,8 @@ class InputBatch:
         num_logits = sum(len(s.logit_offsets) for s in sequences)
         width = max((len(s.block_table) for s in sequences), default=1)
         self._check_fits(num_tokens, num_seqs, width)
+        self.wait_for_upload()
+        self.table_width = width
 
         host = self._host_view
         tokens, positions, slots, logits, seq_lens, cu_seqlens, tables = self._sections(
@@ -138,8 +170,10 @@ class InputBatch:
         return tuple(views)
 
     def _upload(self, num_tokens: int, num_logits: int, num_seqs: int, width: int) -> None:
-        used = 3 * num_tokens + num_logits + 2 * num_seqs + 1 + num_seqs * width
+        used = self.packed_words(num_tokens, num_logits, num_seqs, width)
         self._staging[:used].copy_(self._host[:used], non_blocking=True)
+        if self._uploaded is not None:
+            self._uploaded.record()
         tokens, positions, slots, logits, seq_lens, cu_seqlens, tables = self._sections(
             self._staging, num_tokens, num_logits, num_seqs, width
         )

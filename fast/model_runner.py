@@ -29,7 +29,6 @@ from fast.input_batch import InputBatch, SequenceInput, StepShape
 from fast.kv_cache import KVCache
 from fast.model import FastCausalLM
 from fast.parallel import Collectives, ProcessGroups, StepChannel, StepCommand, StepHeader, TensorParallelError
-from fast.replicated_inputs import ReplicatedInputBatch
 from fast.sharded_loading import WeightSource
 from fast.weights import ModelWeights, ShardLayout, pack_weights
 from spec.engine_config import EngineConfig
@@ -87,8 +86,7 @@ class ModelRunner:
         )
         self.config = engine_config.resolved(model_config, self._pool_blocks(engine_config, settings))
         self.cache = self._make_cache(self.config.pool_blocks)
-        input_batch = InputBatch if groups is None else ReplicatedInputBatch
-        self.inputs = input_batch(
+        self.inputs = InputBatch(
             settings.max_num_batched_tokens,
             self.max_step_seqs,
             self.max_blocks_per_seq,
@@ -151,7 +149,7 @@ class ModelRunner:
         """Rank 0: the step's packed inputs to the other ranks, before its own forward."""
         inputs = self.inputs
         width = inputs.table_width
-        words = ReplicatedInputBatch.packed_words(shape.num_tokens, shape.num_logit_rows, shape.num_seqs, width)
+        words = InputBatch.packed_words(shape.num_tokens, shape.num_logit_rows, shape.num_seqs, width)
         header = StepHeader(
             StepCommand.STEP,
             shape.num_tokens,
