@@ -12,6 +12,7 @@ from reference.scheduler import Scheduler
 from spec.checkpoint import load_model_config, load_state_dict, parse_dtype, resolve_checkpoint
 from spec.engine import SampledToken, ScheduledEngine, default_device, token_logprobs
 from spec.engine_config import EngineConfig
+from spec.errors import ConfigError
 from spec.model_config import ModelConfig
 from spec.request import Request, prompt_logprob_positions
 from spec.sampling import SamplingRow, sample_tokens
@@ -32,6 +33,11 @@ class ReferenceEngine(ScheduledEngine):
     ) -> None:
         self.model_config = model_config
         self.config = (engine_config or EngineConfig()).resolved(model_config)
+        if self.config.tensor_parallel_size != 1:
+            raise ConfigError(
+                f"the reference engine runs on one device; tensor_parallel_size {self.config.tensor_parallel_size} "
+                "is for the fast engine"
+            )
         self.dtype = dtype
         self.device = torch.device(device) if device is not None else default_device()
         self.model = CausalLM(model_config).to(device=self.device, dtype=dtype)

@@ -223,6 +223,8 @@ def run_engine(name: str, settings: BenchSettings) -> dict[str, object]:
                 "runs": [run_record(run) for run in runs],
             }
         )
+        if hasattr(engine, "shutdown"):  # tensor-parallel ranks end with their engine
+            engine.shutdown()
         del engine
         _release_memory(settings.device)
     return {

@@ -19,7 +19,7 @@ Prompt = str | Sequence[int]
 
 
 class LLM:
-    """LLM(model, engine=None, dtype="auto", device=None, engine_config=None).
+    """LLM(model, engine=None, dtype="auto", device=None, engine_config=None, tensor_parallel_size=None).
 
     model: a checkpoint directory or a Hugging Face hub id.
     engine: "fast" (Triton kernels; needs CUDA, or TRITON_INTERPRET=1 on the CPU) or "reference"
@@ -27,6 +27,9 @@ class LLM:
     dtype: "auto" (the checkpoint's), "float32", "float16" or "bfloat16".
     device: "cpu", "cuda", ...; default CUDA when available.
     engine_config: KV pool and scheduler limits (spec.engine_config.EngineConfig).
+    tensor_parallel_size: split the fast engine's model over this many GPUs (one process each);
+        overrides engine_config.tensor_parallel_size. `shutdown()` (or `with LLM(...) as llm`) ends
+        every rank; interpreter exit does too.
     """
 
     def __init__(
@@ -36,13 +39,28 @@ class LLM:
         dtype: str | torch.dtype = "auto",
         device: str | torch.device | None = None,
         engine_config: EngineConfig | None = None,
+        tensor_parallel_size: int | None = None,
     ) -> None:
+        if tensor_parallel_size is not None:
+            engine_config = replace(engine_config or EngineConfig(), tensor_parallel_size=tensor_parallel_size)
         self.checkpoint = resolve_checkpoint(model)
         self.dtype = parse_dtype(dtype, load_model_config(self.checkpoint))
         self.device = resolve_device(device)
         self.engine_name = engine if engine is not None else default_engine_name(self.device)
         self.engine = build_engine(self.engine_name, self.checkpoint, engine_config, self.dtype, self.device)
         self._tokenizer = None
+
+    def shutdown(self) -> None:
+        """End the engine's worker processes (tensor parallelism); a no-op for single-process engines."""
+        shutdown = getattr(self.engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
 
     @property
     def tokenizer(self):  # -> transformers.PreTrainedTokenizerBase
