@@ -104,3 +104,13 @@ def test_waiting_request_can_be_aborted(make_engine) -> None:
     outputs = engine.generate([GOOD_PROMPTS[1]], GREEDY)
     assert outputs[0].token_ids == run_alone(make_engine, GOOD_PROMPTS[1])
     assert first not in {o.request_id for o in outputs}
+
+
+def test_reference_engine_refuses_tensor_parallelism(tiny_weights) -> None:
+    from reference.engine import ReferenceEngine
+    from spec.engine_config import EngineConfig
+    from spec.errors import ConfigError
+
+    config, state_dict = tiny_weights
+    with pytest.raises(ConfigError, match="tensor_parallel_size 2 is for the fast engine"):
+        ReferenceEngine(config, state_dict, EngineConfig(tensor_parallel_size=2), device="cpu")
