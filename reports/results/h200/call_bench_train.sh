@@ -8,10 +8,10 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8
 R=$OUT/r
 mkdir -p "$R/bench" "$R/train"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$R/gpu.txt"
-git rev-parse HEAD 2>/dev/null | tee "$R/commit.txt"
+echo "${COMMIT:?set COMMIT to the commit under test}" | tee "$R/commit.txt"
 (OUT=$R/train STEPS="${STEPS:-1100}" timeout 170 bash reports/results/trained_tiny/device_run.sh) > "$R/train/run.log" 2>&1
 echo "train rc=$?"
-COMMON=(--shape qwen3-0.6b --dtype bfloat16 --no-progress --max-model-len 2048)
+COMMON=(--shape qwen3-0.6b --dtype bfloat16 --no-progress --max-model-len 2048 --commit "$COMMIT")
 timeout 330 python -m twinfer.cli bench offline-256 "${COMMON[@]}" --engine fast --baseline hf \
     --max-num-seqs 256 --max-num-batched-tokens 8192 --json "$R/bench/offline-256.json" > "$R/bench/offline-256.log" 2>&1
 echo "offline-256 rc=$?"
