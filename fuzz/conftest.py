@@ -2,8 +2,7 @@
 
 Profiles: `ci` (default) is derandomised and sized to run the whole fuzz directory in a few
 minutes on a 2-core machine; `deep` (`pytest fuzz --hypothesis-profile=deep`) runs thousands of
-examples of up to 200 steps; `deep-fast` is the size of the fast implementations' deep record.
-The planted-bug tests and the engine fuzzer carry their own sizes.
+examples of up to 200 steps. The planted-bug tests and the engine fuzzer carry their own sizes.
 
 At session end the counters in fuzz/stats.py are written as JSON to the path in the
 environment variable TWINFER_FUZZ_STATS, by default `.fuzz-stats/<profile>.json` under the
@@ -36,10 +35,6 @@ _REPRODUCIBLE = dict(
 )
 settings.register_profile("ci", max_examples=200, stateful_step_count=50, **_REPRODUCIBLE)
 settings.register_profile("deep", max_examples=1200, stateful_step_count=200, **_REPRODUCIBLE)
-# The deep record of the fast implementations (reports/results/fuzz/deep_run_fast.json): the
-# side-by-side machines do the work of two implementations per step, so half the examples of
-# `deep`, at the same length, fit the same time on the shared 2-core machine.
-settings.register_profile("deep-fast", max_examples=600, stateful_step_count=200, **_REPRODUCIBLE)
 
 # The fuzzers default to `ci`; a profile chosen on the command line (loaded by hypothesis's
 # pytest plugin) is left alone.
