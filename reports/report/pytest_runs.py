@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import importlib.util
 import os
 import subprocess
 import sys
@@ -43,10 +44,15 @@ class PytestRun:
 def run_pytest(
     selection: Sequence[str], junit_path: Path, timeout_s: float, extra_env: Mapping[str, str] | None = None
 ) -> PytestRun:
-    """`python -m pytest -q <selection> --junitxml=<junit_path>` from the repository root."""
-    arguments = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit_path}", *selection]
+    """`python -m pytest -q <selection> --junitxml=<junit_path>` from the repository root.
+
+    TWINFER_REPORT_PYTEST_WORKERS=N spreads the run over N pytest-xdist workers (when xdist is installed),
+    e.g. for the GPU kernel tests on a machine with many cores."""
+    workers = _xdist_workers()
+    arguments = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit_path}", *workers]
+    arguments += list(selection)
     environment = {**os.environ, **(extra_env or {})}
-    command = " ".join(["python -m pytest -q", *selection])
+    command = " ".join(["python -m pytest -q", *workers, *selection])
     started = time.monotonic()
     try:
         finished = subprocess.run(
@@ -59,6 +65,13 @@ def run_pytest(
     return PytestRun(
         command, finished.returncode, wall, _read_junit(junit_path), _tail(finished.stdout + finished.stderr)
     )
+
+
+def _xdist_workers() -> list[str]:
+    workers = os.environ.get("TWINFER_REPORT_PYTEST_WORKERS", "")
+    if not workers.isdigit() or int(workers) < 2 or importlib.util.find_spec("xdist") is None:
+        return []
+    return ["-n", workers]
 
 
 def _tail(text: str | bytes | None, chars: int = 2000) -> str:
