@@ -89,7 +89,8 @@ def test_hundred_runs_in_different_batches_give_one_output(bf16_weights) -> None
     directory = os.environ.get("TWINFER_RESULTS_DIR")
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / "batch_invariant_100_runs.json").write_text(json.dumps({"runs": 100, "distinct_outputs": len(outputs)}))
+        record = {"runs": 100, "distinct_outputs": len(outputs)}
+        (Path(directory) / "batch_invariant_100_runs.json").write_text(json.dumps(record))
     assert len(outputs) == 1
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
