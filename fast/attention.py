@@ -12,7 +12,9 @@ a CUDA-graph replay and in an eager step (padding splits carry zero weight).
 Batch-invariant mode runs every step, decode steps included, through the prefill kernel: a query
 row then always reduces over its keys in the same BLOCK_N tiles from key 0, whether it is computed
 in a prefill chunk, in a decode step, or after a prefix-cache hit. (Tiles past a row's position add
-exactly nothing: their scores are -inf, so the running max, sum and output are unchanged.)
+exactly nothing: their scores are -inf, so the running max, sum and output are unchanged.) Every tile
+takes the kernel's masked path there: the masked and unmasked paths round differently on a GPU, and
+which tiles are unmasked depends on where a row's query block starts.
 """
 
 from __future__ import annotations
@@ -90,4 +92,5 @@ class StepAttention:
             v_cache,
             backend.scale,
             meta.max_query_len,
+            always_mask=backend.batch_invariant,
         )

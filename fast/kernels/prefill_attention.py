@@ -124,6 +124,7 @@ def _prefill_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    ALWAYS_MASK: tl.constexpr,
 ):
     q_head = tl.program_id(0)
     m_block = num_m_blocks - 1 - tl.program_id(1)  # heavy (late) query blocks first
@@ -160,6 +161,12 @@ def _prefill_attention_kernel(
     # context + m_start), so whole tiles below that need no mask: context 700, m_start 256,
     # BLOCK_N 64 -> keys 0..956 visible to all -> 14 unmasked tiles (keys 0..895).
     unmasked_end = ((context + m_start + 1) // BLOCK_N) * BLOCK_N
+    if ALWAYS_MASK:
+        # Batch-invariant mode: every tile through the masked path. Which tiles are unmasked depends on
+        # the block's first row, i.e. on how the queries were chunked; and the two paths round
+        # differently on a GPU (the compiler fuses scale and max subtraction into one FMA only where no
+        # mask sits between them), so a row's result must not depend on the path its tiles took.
+        unmasked_end = 0
     # The block's last valid row sees keys up to context + min(m_start + BLOCK_M, q_len) - 1;
     # tiles past that are above the diagonal for every row and are not visited at all.
     key_end = context + tl.minimum(m_start + BLOCK_M, q_len)
@@ -216,8 +223,12 @@ def prefill_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     out: torch.Tensor | None = None,
+    always_mask: bool = False,
 ) -> torch.Tensor:
     """Causal attention of packed queries over their paged caches; returns [num_tokens, num_q_heads, head_dim].
+
+    always_mask: take the masked path for every key tile, so that a query row's arithmetic does not
+        depend on where its query block starts (batch-invariant mode; slower).
 
     max_seqlen_q: host-known maximum of the q lengths (sizes the grid; no device sync).
     Requirements not checked (they would need a sync): cu_seqlens_q is non-decreasing with
@@ -267,6 +278,7 @@ def prefill_attention(
         BLOCK_N=block_n,
         # fp32 inputs: full-precision dot (Triton's default would be tf32 on GPUs).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        ALWAYS_MASK=always_mask,
         num_warps=num_warps or default_warps,
         num_stages=num_stages or default_stages,
     )

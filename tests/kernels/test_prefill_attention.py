@@ -26,6 +26,7 @@ def _run_case(
     seed: int,
     block_m: int | None = None,
     block_n: int | None = None,
+    always_mask: bool = False,
 ) -> None:
     generator = seeded_generator(seed)
     cache = build_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, generator)
@@ -37,7 +38,7 @@ def _run_case(
     out = poisoned_like(q)
     result = prefill_attention(
         q, cu_seqlens_q, cache.seq_lens, cache.block_tables, cache.k_cache, cache.v_cache, scale, max(q_lens),
-        block_m=block_m, block_n=block_n, out=out,
+        block_m=block_m, block_n=block_n, out=out, always_mask=always_mask,
     )
     assert result is out
     expected = torch.cat(
@@ -168,3 +169,29 @@ def test_prefill_small_head_dims(dtype: torch.dtype, head_dim: int) -> None:
     """Small models (the tiny test models among them) use head_dim 16 or 32."""
     _run_case(seq_lens=[40, 17], q_lens=[40, 5], num_kv_heads=2, group=2, head_dim=head_dim, block_size=16,
               dtype=dtype, seed=4)
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_prefill_always_mask_matches_reference(dtype: torch.dtype) -> None:
+    """The batch-invariant variant (every tile masked) computes the same attention."""
+    _run_case(seq_lens=[70, 33], q_lens=[70, 9], num_kv_heads=2, group=2, head_dim=64, block_size=16, dtype=dtype,
+              seed=2, always_mask=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_query_row_is_bitwise_the_same_however_its_prompt_is_chunked_gpu(dtype: torch.dtype) -> None:
+    """always_mask: the last query of a sequence gives the same bits computed alone (a decode) or as the
+    last row of a chunk that starts anywhere (the tiles it visits unmasked would otherwise depend on that)."""
+    generator = seeded_generator(9)
+    seq_len, num_kv_heads, group, head_dim = 700, 2, 4, 128
+    cache = build_paged_cache([seq_len], 16, num_kv_heads, head_dim, dtype, generator)
+    q_all = torch.randn((seq_len, num_kv_heads * group, head_dim), generator=generator).to(dtype).to(DEVICE)
+    results = []
+    for q_len in (1, 7, 64, 300, seq_len):
+        q = q_all[seq_len - q_len :].contiguous()
+        cu = torch.tensor([0, q_len], dtype=torch.int32, device=DEVICE)
+        out = prefill_attention(q, cu, cache.seq_lens, cache.block_tables, cache.k_cache, cache.v_cache,
+                                head_dim**-0.5, q_len, always_mask=True)
+        results.append(out[-1])
+    assert all(torch.equal(result, results[0]) for result in results[1:])
