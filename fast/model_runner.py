@@ -261,7 +261,10 @@ class ModelRunner:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        warmup_blocks = triton.cdiv(settings.max_num_batched_tokens, settings.block_size)
+        # Sequences of at most max_model_len tokens: each may end in a partly filled block.
+        warmup_blocks = triton.cdiv(settings.max_num_batched_tokens, settings.block_size) + triton.cdiv(
+            settings.max_num_batched_tokens, settings.model_len
+        )
         self._warmup(replace(settings, num_blocks=warmup_blocks))
         peak = torch.cuda.max_memory_allocated(self.device)
         torch.cuda.empty_cache()
@@ -286,32 +289,38 @@ class ModelRunner:
     def _warmup(self, settings: EngineConfig) -> None:
         """One forward of max_num_batched_tokens tokens in a single chunk, on a throwaway cache."""
         cache = self._make_cache(settings.pool_blocks)
-        inputs = InputBatch(
-            settings.max_num_batched_tokens, 1, settings.pool_blocks, self.block_size, cache.padding_block, self.device
-        )
-        num_tokens = min(settings.max_num_batched_tokens, settings.model_len)
-        sequence = SequenceInput(
-            [0] * num_tokens, 0, list(range(triton.cdiv(num_tokens, self.block_size))), [num_tokens - 1]
-        )
-        shape = inputs.load([sequence])
+        budget = settings.max_num_batched_tokens
+        # The budget's tokens as sequences of at most max_model_len each, every position asking for
+        # logits (a step scoring prompt logprobs can), so the peak covers the largest possible step.
+        lengths = [min(settings.model_len, budget - start) for start in range(0, budget, settings.model_len)]
+        sequences, first_block = [], 0
+        for length in lengths:
+            num_blocks = triton.cdiv(length, self.block_size)
+            sequences.append(SequenceInput([0] * length, 0, list(range(first_block, first_block + num_blocks)),
+                                           list(range(length))))
+            first_block += num_blocks
+        inputs = InputBatch(budget, len(sequences), self.max_blocks_per_seq, self.block_size, cache.padding_block,
+                            self.device)
+        shape = inputs.load(sequences)
         attention = PagedAttention(
             self.layout.num_heads,
             self.layout.num_kv_heads,
             self.model_config.head_dim,
-            1,
+            len(sequences),
             settings.model_len,
             self.device,
         )
         metadata = StepMetadata(
-            False, 1, shape.max_query_len, inputs.block_tables[:1], inputs.seq_lens[:1], inputs.cu_seqlens_q[:2]
+            False, shape.num_seqs, shape.max_query_len, inputs.block_tables[: shape.num_seqs],
+            inputs.seq_lens[: shape.num_seqs], inputs.cu_seqlens_q[: shape.num_seqs + 1],
         )
         self.model.forward(
-            inputs.token_ids[:num_tokens],
-            inputs.positions[:num_tokens],
-            inputs.slots[:num_tokens],
+            inputs.token_ids[: shape.num_tokens],
+            inputs.positions[: shape.num_tokens],
+            inputs.slots[: shape.num_tokens],
             attention.for_step(metadata),
             cache,
-            inputs.logit_indices[:1],
+            inputs.logit_indices[: shape.num_logit_rows],
         )
         # The sampler's peak: sorting fp32 logits of a full decode batch (top-k / top-p filters).
         logits = torch.zeros(
