@@ -47,8 +47,14 @@ class StepMetadata:
 
 class PagedAttention:
     def __init__(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, max_num_seqs: int, max_model_len: int,
-        device: torch.device, batch_invariant: bool = False,
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        device: torch.device,
+        batch_invariant: bool = False,
     ) -> None:
         self.scale = float(head_dim**-0.5)
         self.max_model_len = max_model_len
@@ -57,7 +63,7 @@ class PagedAttention:
         num_splits = triton.cdiv(max_model_len, self.split_size)
         self.workspace = decode_workspace(max_num_seqs, num_heads, num_splits, head_dim, device)
 
-    def for_step(self, metadata: StepMetadata) -> "StepAttention":
+    def for_step(self, metadata: StepMetadata) -> StepAttention:
         return StepAttention(self, metadata)
 
 

@@ -63,8 +63,13 @@ class StepShape:
 
 class InputBatch:
     def __init__(
-        self, max_num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int, block_size: int,
-        padding_block: int, device: torch.device,
+        self,
+        max_num_tokens: int,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        block_size: int,
+        padding_block: int,
+        device: torch.device,
     ) -> None:
         self.block_size = block_size
         self.padding_block = padding_block
@@ -82,8 +87,9 @@ class InputBatch:
         self.logit_indices = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(max_num_seqs, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.zeros(max_num_seqs + 1, dtype=torch.int32, device=device)
-        self.block_tables = torch.full((max_num_seqs, max_blocks_per_seq), padding_block, dtype=torch.int32,
-                                       device=device)
+        self.block_tables = torch.full(
+            (max_num_seqs, max_blocks_per_seq), padding_block, dtype=torch.int32, device=device
+        )
         self.table_width = 1  # block-table columns of the last step loaded
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
 
@@ -134,7 +140,9 @@ class InputBatch:
             chunk_positions = np.arange(seq.start, seq.start + length, dtype=np.int32)
             positions[span] = chunk_positions
             table = np.asarray(seq.block_table, dtype=np.int32)
-            slots[span] = table[chunk_positions // self.block_size] * self.block_size + chunk_positions % self.block_size
+            slots[span] = (
+                table[chunk_positions // self.block_size] * self.block_size + chunk_positions % self.block_size
+            )
             tables[index, : len(table)] = table
             seq_lens[index] = seq.start + length
             for offset in seq.logit_offsets:

@@ -296,11 +296,13 @@ class ModelRunner:
         sequences, first_block = [], 0
         for length in lengths:
             num_blocks = triton.cdiv(length, self.block_size)
-            sequences.append(SequenceInput([0] * length, 0, list(range(first_block, first_block + num_blocks)),
-                                           list(range(length))))
+            sequences.append(
+                SequenceInput([0] * length, 0, list(range(first_block, first_block + num_blocks)), list(range(length)))
+            )
             first_block += num_blocks
-        inputs = InputBatch(budget, len(sequences), self.max_blocks_per_seq, self.block_size, cache.padding_block,
-                            self.device)
+        inputs = InputBatch(
+            budget, len(sequences), self.max_blocks_per_seq, self.block_size, cache.padding_block, self.device
+        )
         shape = inputs.load(sequences)
         attention = PagedAttention(
             self.layout.num_heads,
@@ -311,8 +313,12 @@ class ModelRunner:
             self.device,
         )
         metadata = StepMetadata(
-            False, shape.num_seqs, shape.max_query_len, inputs.block_tables[: shape.num_seqs],
-            inputs.seq_lens[: shape.num_seqs], inputs.cu_seqlens_q[: shape.num_seqs + 1],
+            False,
+            shape.num_seqs,
+            shape.max_query_len,
+            inputs.block_tables[: shape.num_seqs],
+            inputs.seq_lens[: shape.num_seqs],
+            inputs.cu_seqlens_q[: shape.num_seqs + 1],
         )
         self.model.forward(
             inputs.token_ids[: shape.num_tokens],

@@ -133,7 +133,9 @@ def _transformers_classes(architecture: str) -> tuple[type, type]:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("TWINFER_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "twinfer")
+    root = os.environ.get("TWINFER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "twinfer"
+    )
     return Path(root)
 
 

@@ -34,7 +34,9 @@ class Comparison:
         return asdict(self)
 
 
-def compare_traces(candidate: Trace, baseline: Trace, logprob_tolerance: float = 1e-4, rule: str = "exact") -> Comparison:
+def compare_traces(
+    candidate: Trace, baseline: Trace, logprob_tolerance: float = 1e-4, rule: str = "exact"
+) -> Comparison:
     """Compare a candidate trace with a baseline one (see module docstring for the rules)."""
     if rule not in ("exact", "near-tie"):
         raise ValueError(f"unknown agreement rule {rule!r}: use 'exact' or 'near-tie'")

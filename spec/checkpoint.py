@@ -21,7 +21,18 @@ logger = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
-HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*", "*.txt", "*.model", "special_tokens_map.json", "vocab.json", "merges.txt"]
+HUB_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "tokenizer*",
+    "*.txt",
+    "*.model",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+]
 # Tensors some checkpoints carry that no engine needs.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -122,7 +133,12 @@ def iter_tensors(checkpoint: Path, device: str | torch.device = "cpu") -> Iterat
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor name the model needs, with its shape (Hugging Face naming)."""
-    hidden, heads, kv_heads, head_dim = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    hidden, heads, kv_heads, head_dim = (
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (config.vocab_size, hidden),
         "model.norm.weight": (hidden,),
@@ -131,17 +147,19 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     for layer in range(config.num_hidden_layers):
         prefix = f"model.layers.{layer}"
-        shapes.update({
-            f"{prefix}.input_layernorm.weight": (hidden,),
-            f"{prefix}.post_attention_layernorm.weight": (hidden,),
-            f"{prefix}.self_attn.q_proj.weight": (heads * head_dim, hidden),
-            f"{prefix}.self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
-            f"{prefix}.self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
-            f"{prefix}.self_attn.o_proj.weight": (hidden, heads * head_dim),
-            f"{prefix}.mlp.gate_proj.weight": (config.intermediate_size, hidden),
-            f"{prefix}.mlp.up_proj.weight": (config.intermediate_size, hidden),
-            f"{prefix}.mlp.down_proj.weight": (hidden, config.intermediate_size),
-        })
+        shapes.update(
+            {
+                f"{prefix}.input_layernorm.weight": (hidden,),
+                f"{prefix}.post_attention_layernorm.weight": (hidden,),
+                f"{prefix}.self_attn.q_proj.weight": (heads * head_dim, hidden),
+                f"{prefix}.self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+                f"{prefix}.self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+                f"{prefix}.self_attn.o_proj.weight": (hidden, heads * head_dim),
+                f"{prefix}.mlp.gate_proj.weight": (config.intermediate_size, hidden),
+                f"{prefix}.mlp.up_proj.weight": (config.intermediate_size, hidden),
+                f"{prefix}.mlp.down_proj.weight": (hidden, config.intermediate_size),
+            }
+        )
         traits = config.traits
         if traits.use_qk_norm:
             shapes[f"{prefix}.self_attn.q_norm.weight"] = (head_dim,)
@@ -174,7 +192,8 @@ def load_state_dict(
             continue
         if tuple(tensor.shape) != expected[name]:
             raise CheckpointError(
-                f"tensor {name!r} in {checkpoint} has shape {tuple(tensor.shape)}, but the config implies {expected[name]}"
+                f"tensor {name!r} in {checkpoint} has shape {tuple(tensor.shape)}, "
+                f"but the config implies {expected[name]}"
             )
         if not tensor.is_floating_point():
             raise CheckpointError(f"tensor {name!r} has non-float dtype {tensor.dtype}")
@@ -185,6 +204,8 @@ def load_state_dict(
         raise CheckpointError(f"checkpoint {checkpoint} is missing tensors: {shown}")
     if unexpected:
         shown = ", ".join(sorted(unexpected)[:5]) + (f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else "")
-        raise CheckpointError(f"checkpoint {checkpoint} has tensors the {config.architecture} model does not use: {shown}")
+        raise CheckpointError(
+            f"checkpoint {checkpoint} has tensors the {config.architecture} model does not use: {shown}"
+        )
     logger.info("loaded %d tensors from %s as %s", len(loaded), checkpoint, dtype)
     return loaded

@@ -7,7 +7,6 @@ from dataclasses import dataclass, replace
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
 
-
 DEFAULT_NUM_BLOCKS = 1024
 
 
@@ -67,7 +66,7 @@ class EngineConfig:
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
 
-    def resolved(self, model: ModelConfig, num_blocks: int | None = None) -> "EngineConfig":
+    def resolved(self, model: ModelConfig, num_blocks: int | None = None) -> EngineConfig:
         """This configuration with max_model_len (checked against the model) and num_blocks filled in.
 
         num_blocks: the pool size an engine chose itself (used only when num_blocks is None here);

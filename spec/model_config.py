@@ -18,7 +18,6 @@ from typing import Any
 from spec.errors import ConfigError
 
 
-
 @dataclass(frozen=True)
 class ArchitectureTraits:
     """How a supported architecture's layers differ; read from config.json by `traits_for`."""
@@ -36,7 +35,9 @@ def _qwen3_traits(raw: dict[str, Any]) -> ArchitectureTraits:
 
 def _llama_traits(raw: dict[str, Any]) -> ArchitectureTraits:
     bias = bool(raw.get("attention_bias", False))
-    return ArchitectureTraits(use_qk_norm=False, qkv_bias=bias, o_proj_bias=bias, mlp_bias=bool(raw.get("mlp_bias", False)))
+    return ArchitectureTraits(
+        use_qk_norm=False, qkv_bias=bias, o_proj_bias=bias, mlp_bias=bool(raw.get("mlp_bias", False))
+    )
 
 
 def _qwen2_traits(raw: dict[str, Any]) -> ArchitectureTraits:
@@ -114,8 +115,14 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_architecture(self.architecture)
         for name in (
-            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -142,7 +149,7 @@ class ModelConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         """Build from the dictionary of a Hugging Face config.json (transformers 4 or 5 layout)."""
         architecture = _architecture(raw)
         if raw.get("use_sliding_window"):
@@ -171,7 +178,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_json_file(cls, path: str | Path) -> "ModelConfig":
+    def from_json_file(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         try:
             raw = json.loads(path.read_text())
@@ -225,8 +232,14 @@ def _rope(raw: dict[str, Any]) -> tuple[float, RopeScaling]:
     if rope_type == "default":
         return theta, RopeScaling()
     known = {
-        "factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
-        "beta_fast", "beta_slow", "attention_factor", "truncate",
+        "factor",
+        "original_max_position_embeddings",
+        "low_freq_factor",
+        "high_freq_factor",
+        "beta_fast",
+        "beta_slow",
+        "attention_factor",
+        "truncate",
     }
     values = {k: v for k, v in scaling_fields.items() if k in known and v is not None}
     if "factor" in values:

@@ -225,7 +225,9 @@ def check_request(
         raise InvalidRequestError(f"request {request_id!r}: the prompt is empty")
     bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
     if bad:
-        raise InvalidRequestError(f"request {request_id!r}: token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+        raise InvalidRequestError(
+            f"request {request_id!r}: token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
+        )
     max_model_len = config.model_len
     if len(prompt) >= max_model_len:
         raise InvalidRequestError(

@@ -38,8 +38,12 @@ def with_llama3_rope(checkpoint: Path) -> None:
     """Llama-3.1 style wavelength-dependent RoPE scaling, short original context so it matters."""
     raw = json.loads((checkpoint / "config.json").read_text())
     raw["rope_parameters"] = {
-        "rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
-        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
+        "rope_theta": 500000.0,
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
     }
     (checkpoint / "config.json").write_text(json.dumps(raw))
 
@@ -59,16 +63,23 @@ def test_architecture_matches_transformers(variant: str, tmp_path: Path) -> None
     hf = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     engine = ReferenceEngine.from_pretrained(checkpoint, EngineConfig(block_size=8, num_blocks=24), "float32", "cpu")
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True, logprobs=5)
-    for prompt, output in zip(PROMPTS, engine.generate(PROMPTS, params)):
+    for prompt, output in zip(PROMPTS, engine.generate(PROMPTS, params), strict=True):
         comparison = compare_traces(trace_from_output(output), hf_greedy_trace(hf, prompt, MAX_NEW_TOKENS, 5))
         assert comparison.agree, (variant, len(prompt), comparison)
 
 
 def test_sliding_window_is_refused() -> None:
     raw = {
-        "architectures": ["Qwen2ForCausalLM"], "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "rms_norm_eps": 1e-6, "max_position_embeddings": 64,
-        "use_sliding_window": True, "sliding_window": 16,
+        "architectures": ["Qwen2ForCausalLM"],
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 64,
+        "use_sliding_window": True,
+        "sliding_window": 16,
     }
     with pytest.raises(ConfigError, match="sliding-window attention"):
         ModelConfig.from_dict(raw)

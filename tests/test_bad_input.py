@@ -65,7 +65,7 @@ def test_bad_request_is_rejected_and_others_finish(make_engine, prompt, params: 
     outputs = {}
     while engine.has_unfinished:
         outputs.update({o.request_id: o for o in engine.step() if o.finished})
-    for request_id, prompt_ids in zip(good_ids, GOOD_PROMPTS):
+    for request_id, prompt_ids in zip(good_ids, GOOD_PROMPTS, strict=True):
         assert outputs[request_id].finish_reason is FinishReason.LENGTH
         assert outputs[request_id].token_ids == run_alone(make_engine, prompt_ids)
 

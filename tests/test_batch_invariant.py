@@ -32,8 +32,9 @@ def tiny_engine(tiny_weights, dtype: torch.dtype, batch_invariant: bool, **setti
     return build_engine("fast", config, {k: v.to(dtype) for k, v in state_dict.items()}, engine_config, dtype)
 
 
-def run_needle(engine, needle: list[int], params: SamplingParams, others: list[tuple[int, list[int], int]],
-               needle_step: int):
+def run_needle(
+    engine, needle: list[int], params: SamplingParams, others: list[tuple[int, list[int], int]], needle_step: int
+):
     """Submit `others` (step, prompt, max_tokens) and the needle at their steps; the needle's output."""
     pending = sorted(others, key=lambda item: item[0])
     step, needle_id, result = 0, None, None

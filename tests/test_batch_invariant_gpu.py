@@ -71,7 +71,8 @@ def test_needle_bitwise_identical_across_settings(bf16_weights) -> None:
     # Every chunk size with the prefix cache on and off; CUDA graphs on in half the runs.
     settings = [
         {"max_num_batched_tokens": chunk, "enable_prefix_caching": prefix, "enable_cuda_graphs": prefix == graphs}
-        for graphs, chunk in ((True, 64), (False, 512), (True, 8192)) for prefix in (True, False)
+        for graphs, chunk in ((True, 64), (False, 512), (True, 8192))
+        for prefix in (True, False)
     ]
     for index, setting in enumerate(settings):
         fast = engine(bf16_weights, **setting)

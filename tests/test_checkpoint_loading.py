@@ -120,12 +120,17 @@ def test_sharded_checkpoint_loads_like_single_file(checkpoint_copy: Path, tiny_c
     tensors = load_file(str(checkpoint_copy / "model.safetensors"))
     (checkpoint_copy / "model.safetensors").unlink()
     names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2], "model-00002-of-00002.safetensors": names[len(names) // 2 :]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     weight_map = {}
     for file, shard_names in shards.items():
         save_file({n: tensors[n] for n in shard_names}, str(checkpoint_copy / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in shard_names})
-    (checkpoint_copy / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (checkpoint_copy / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     sharded, single = load(checkpoint_copy), load(tiny_checkpoint)
     assert sharded.keys() == single.keys()
     assert all(torch.equal(sharded[name], single[name]) for name in single)

@@ -196,7 +196,11 @@ def test_greedy_traces_need_logprobs_in_the_response(tiny_checkpoint: Path) -> N
 
 @pytest.mark.parametrize("server_name, expected_exit", [("honest_server", 0), ("perturbed_server", 1)])
 def test_twinfer_diff_command_against_an_endpoint(
-    server_name: str, expected_exit: int, tiny_checkpoint: Path, tmp_path: Path, request: pytest.FixtureRequest,
+    server_name: str,
+    expected_exit: int,
+    tiny_checkpoint: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The CLI as the README shows it: `twinfer diff --engines reference,openai:URL --model CHECKPOINT`."""
@@ -206,10 +210,21 @@ def test_twinfer_diff_command_against_an_endpoint(
 
     url = request.getfixturevalue(server_name)
     record_path = tmp_path / "diff.json"
-    code = main([
-        "diff", "--engines", f"reference,openai:{url}", "--model", str(tiny_checkpoint), "--device", "cpu",
-        "--max-new-tokens", "8", "--json", str(record_path),
-    ])
+    code = main(
+        [
+            "diff",
+            "--engines",
+            f"reference,openai:{url}",
+            "--model",
+            str(tiny_checkpoint),
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            str(record_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == expected_exit, out
     record = json.loads(record_path.read_text())

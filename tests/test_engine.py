@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from twinfer import LLM
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError, InvalidRequestError
 from spec.request import FinishReason, RequestStatus
 from spec.sampling_params import SamplingParams
+from twinfer import LLM
 
 PROMPT = [17, 4, 250, 31, 8, 99]
 
@@ -37,7 +37,7 @@ def test_eos_ends_the_request_unless_ignored(make_engine, tiny_weights) -> None:
     engine = make_engine()
     candidates = [[eos], [eos, eos], [1, eos], [eos, 5, eos]]
     outputs = engine.generate(candidates, params)
-    with_eos = [(p, o) for p, o in zip(candidates, outputs) if eos in o.token_ids]
+    with_eos = [(p, o) for p, o in zip(candidates, outputs, strict=True) if eos in o.token_ids]
     assert with_eos, "no candidate prompt generated EOS; pick other candidates"
     prompt, ignoring = with_eos[0]
     stopping = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=64))[0]
@@ -69,7 +69,7 @@ def test_step_api_streams_one_token_per_step(make_engine) -> None:
 def test_logprobs_count_and_chosen_token(make_engine) -> None:
     output = make_engine().generate([PROMPT], SamplingParams(temperature=0.7, max_tokens=8, logprobs=3, seed=1))[0]
     assert output.logprobs is not None and len(output.logprobs) == len(output.token_ids)
-    for token_id, entry in zip(output.token_ids, output.logprobs):
+    for token_id, entry in zip(output.token_ids, output.logprobs, strict=True):
         assert entry.token_id == token_id and len(entry.top) == 3
         top_values = [value for _, value in entry.top]
         assert top_values == sorted(top_values, reverse=True)
@@ -93,7 +93,13 @@ def test_lifecycle_is_enforced() -> None:
 
 
 def test_llm_text_and_token_prompts(tiny_checkpoint: Path) -> None:
-    llm = LLM(tiny_checkpoint, engine="reference", dtype="float32", device="cpu", engine_config=EngineConfig(block_size=8, num_blocks=64))
+    llm = LLM(
+        tiny_checkpoint,
+        engine="reference",
+        dtype="float32",
+        device="cpu",
+        engine_config=EngineConfig(block_size=8, num_blocks=64),
+    )
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     text_output, ids_output = llm.generate(["Hello world!", llm.encode("Hello world!")], params)
     assert text_output.token_ids == ids_output.token_ids

@@ -63,8 +63,10 @@ def twins(tiny_weights):
     def build(**settings: object):
         config, state_dict = tiny_weights
         engine_config = EngineConfig(check_invariants=True, **settings)  # type: ignore[arg-type]
-        return (build_engine("fast", config, state_dict, engine_config),
-                build_engine("reference", config, state_dict, engine_config))
+        return (
+            build_engine("fast", config, state_dict, engine_config),
+            build_engine("reference", config, state_dict, engine_config),
+        )
 
     return build
 
@@ -176,8 +178,10 @@ def test_seeded_sampling_matches_the_reference(twins) -> None:
 
 @pytest.mark.parametrize(
     "architecture, shape",
-    [("llama", TinyModelShape(tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
-     ("qwen2", TinyModelShape(tie_word_embeddings=False))],
+    [
+        ("llama", TinyModelShape(tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
+        ("qwen2", TinyModelShape(tie_word_embeddings=False)),
+    ],
 )
 def test_llama_and_qwen2(architecture: str, shape: TinyModelShape, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM

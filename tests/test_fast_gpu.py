@@ -78,8 +78,11 @@ def compare_fp32(candidate: Trace, baseline: Trace) -> dict[str, object]:
         assert excused < NEAR_TIE_FP32, f"fp32 divergence at a gap of {excused}: {comparison}"
     else:
         assert comparison.agree, comparison
-    return {"first_divergence": comparison.first_divergence, "gap_at_divergence": excused,
-            "max_logprob_error": comparison.max_logprob_error}
+    return {
+        "first_divergence": comparison.first_divergence,
+        "gap_at_divergence": excused,
+        "max_logprob_error": comparison.max_logprob_error,
+    }
 
 
 GREEDY_32 = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=5)
@@ -102,12 +105,14 @@ def test_fp32_cases_against_reference_and_transformers(fp32_weights, hf_fp32) ->
         rows = []
         for prompt, ours, theirs in zip(prompts, fast, reference, strict=True):
             assert ours.num_cached_prompt_tokens == theirs.num_cached_prompt_tokens
-            rows.append({
-                "prompt_len": len(prompt),
-                "vs_reference": compare_fp32(trace_from_output(ours), trace_from_output(theirs)),
-                "vs_hf": compare_fp32(trace_from_output(ours), hf_greedy_trace(hf_fp32, prompt, 32, 5)),
-                "cached_prompt_tokens": ours.num_cached_prompt_tokens,
-            })
+            rows.append(
+                {
+                    "prompt_len": len(prompt),
+                    "vs_reference": compare_fp32(trace_from_output(ours), trace_from_output(theirs)),
+                    "vs_hf": compare_fp32(trace_from_output(ours), hf_greedy_trace(hf_fp32, prompt, 32, 5)),
+                    "cached_prompt_tokens": ours.num_cached_prompt_tokens,
+                }
+            )
         if name == "prefix-shared":
             assert [row["cached_prompt_tokens"] for row in rows] == [0, 3 * BLOCK_SIZE, 3 * BLOCK_SIZE]
         results[name] = rows
@@ -122,8 +127,14 @@ def test_cuda_graphs_on_and_off_give_identical_fp32_tokens(fp32_weights) -> None
         prompts = prompts_of([20 + i for i in range(batch)], seed=batch)
         ours, theirs = graphs.generate(prompts, GREEDY_32), eager.generate(prompts, GREEDY_32)
         assert [o.token_ids for o in ours] == [t.token_ids for t in theirs], f"batch {batch}"
-        assert max(abs(a.logprob - b.logprob) for o, t in zip(ours, theirs) for a, b in
-                   zip(o.logprobs, t.logprobs)) <= 1e-4
+        assert (
+            max(
+                abs(a.logprob - b.logprob)
+                for o, t in zip(ours, theirs, strict=True)
+                for a, b in zip(o.logprobs, t.logprobs, strict=True)
+            )
+            <= 1e-4
+        )
 
 
 def test_stale_padding_rows_do_not_leak(fp32_weights) -> None:
@@ -181,15 +192,21 @@ def test_bf16_free_running_near_tie_rule(fp32_weights) -> None:
     reference = engine("reference", weights, torch.bfloat16, max_num_seqs=32).generate(prompts, params)
     summary: dict[str, list[int]] = {"vs_hf": [], "vs_reference": []}
     for prompt, ours, theirs in zip(prompts, fast, reference, strict=True):
-        for key, baseline in (("vs_hf", hf_greedy_trace(hf, prompt, 64, 5)), ("vs_reference", trace_from_output(theirs))):
+        for key, baseline in (
+            ("vs_hf", hf_greedy_trace(hf, prompt, 64, 5)),
+            ("vs_reference", trace_from_output(theirs)),
+        ):
             comparison = compare_traces(trace_from_output(ours), baseline, rule="near-tie")
             assert comparison.agree, (key, comparison)
             reach = comparison.first_divergence if comparison.first_divergence is not None else 64
             summary[key].append(reach)
-    record("bf16_free_running_qwen3_0.6b", {
-        key: {"identical_tokens_per_prompt": reach, "median": statistics.median(reach), "min": min(reach)}
-        for key, reach in summary.items()
-    })
+    record(
+        "bf16_free_running_qwen3_0.6b",
+        {
+            key: {"identical_tokens_per_prompt": reach, "median": statistics.median(reach), "min": min(reach)}
+            for key, reach in summary.items()
+        },
+    )
 
 
 def test_bf16_teacher_forced_against_fp32(fp32_weights) -> None:
@@ -214,9 +231,13 @@ def test_bf16_teacher_forced_against_fp32(fp32_weights) -> None:
                     agree += mine.top[0][0] == true.top[0][0]
         assert agree == confident, f"{name}: top-1 differs on {confident - agree} of {confident} confident positions"
         results[name] = {
-            "positions": len(errors), "mean_abs_logprob_error": statistics.fmean(errors),
-            "p50": statistics.median(errors), "p99": sorted(errors)[int(0.99 * len(errors))], "max": max(errors),
-            "confident_positions": confident, "top1_agreement_on_confident": agree,
+            "positions": len(errors),
+            "mean_abs_logprob_error": statistics.fmean(errors),
+            "p50": statistics.median(errors),
+            "p99": sorted(errors)[int(0.99 * len(errors))],
+            "max": max(errors),
+            "confident_positions": confident,
+            "top1_agreement_on_confident": agree,
         }
     record("bf16_teacher_forced_qwen3_0.6b", results)
 
@@ -224,7 +245,13 @@ def test_bf16_teacher_forced_against_fp32(fp32_weights) -> None:
 def test_memory_errors_at_start(fp32_weights) -> None:
     config, state_dict = fp32_weights
     with pytest.raises(ConfigError, match="less than one request of max_model_len"):
-        build_engine("fast", config, state_dict, EngineConfig(gpu_memory_utilization=0.05, max_model_len=40960),
-                     torch.float32, "cuda")
+        build_engine(
+            "fast",
+            config,
+            state_dict,
+            EngineConfig(gpu_memory_utilization=0.05, max_model_len=40960),
+            torch.float32,
+            "cuda",
+        )
     with pytest.raises(ConfigError, match="does not fit in GPU memory"):
         build_engine("fast", config, state_dict, EngineConfig(num_blocks=10**8), torch.float32, "cuda")

@@ -44,7 +44,9 @@ def with_allocator(snapshot: SchedulerSnapshot, **changes) -> SchedulerSnapshot:
 
 def test_free_block_still_referenced(snapshot: SchedulerSnapshot) -> None:
     used = snapshot.allocator.block_tables["a"][0]
-    violated(inv.BLOCKS_PARTITIONED, with_allocator(snapshot, free_block_ids=(*snapshot.allocator.free_block_ids, used)))
+    violated(
+        inv.BLOCKS_PARTITIONED, with_allocator(snapshot, free_block_ids=(*snapshot.allocator.free_block_ids, used))
+    )
 
 
 def test_block_neither_free_nor_used(snapshot: SchedulerSnapshot) -> None:
@@ -74,7 +76,10 @@ def test_block_table_too_short(snapshot: SchedulerSnapshot) -> None:
     blocks = list(snapshot.allocator.blocks)
     blocks[dropped] = replace(blocks[dropped], ref_count=0)
     free = (*snapshot.allocator.free_block_ids, dropped)
-    violated(inv.BLOCK_TABLE_COVERS_TOKENS, with_allocator(snapshot, block_tables=tables, blocks=tuple(blocks), free_block_ids=free))
+    violated(
+        inv.BLOCK_TABLE_COVERS_TOKENS,
+        with_allocator(snapshot, block_tables=tables, blocks=tuple(blocks), free_block_ids=free),
+    )
 
 
 def test_prefix_hit_not_block_aligned(snapshot: SchedulerSnapshot) -> None:

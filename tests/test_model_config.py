@@ -30,14 +30,26 @@ BASE = {
 ROPE_CASES = {
     "default": {"rope_type": "default"},
     "linear": {"rope_type": "linear", "factor": 4.0},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 512},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 512,
+    },
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
 }
 
 
 def test_reads_transformers_5_and_older_rope_layouts() -> None:
     new = ModelConfig.from_dict({**BASE, "rope_parameters": {"rope_theta": 1e6, **ROPE_CASES["yarn"]}})
-    old = ModelConfig.from_dict({**BASE, "rope_theta": 1e6, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}})
+    old = ModelConfig.from_dict(
+        {
+            **BASE,
+            "rope_theta": 1e6,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+        }
+    )
     assert new == old
     assert new.rope_theta == 1e6 and new.rope_scaling.rope_type == "yarn"
 
@@ -50,7 +62,11 @@ def test_rope_frequencies_match_transformers(rope_type: str) -> None:
 
     fields = {**BASE, "rope_parameters": {"rope_theta": 1e6, **ROPE_CASES[rope_type]}}
     hf_config = Qwen3Config(**{k: v for k, v in fields.items() if k != "architectures"})
-    init = Qwen3RotaryEmbedding.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
+    init = (
+        Qwen3RotaryEmbedding.compute_default_rope_parameters
+        if rope_type == "default"
+        else ROPE_INIT_FUNCTIONS[rope_type]
+    )
     hf_inv_freq, hf_scaling = init(hf_config)
     inv_freq, scaling = rope_parameters(ModelConfig.from_dict(fields))
     torch.testing.assert_close(inv_freq, hf_inv_freq.to(torch.float32), rtol=1e-6, atol=0)
@@ -115,7 +131,12 @@ def test_yarn_scaled_model_matches_transformers(tiny_checkpoint: Path, tmp_path:
     checkpoint = tmp_path / "yarn"
     shutil.copytree(tiny_checkpoint, checkpoint)
     raw = json.loads((checkpoint / "config.json").read_text())
-    raw["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    raw["rope_parameters"] = {
+        "rope_theta": 10000.0,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     (checkpoint / "config.json").write_text(json.dumps(raw))
     prompt = list(range(10, 90))  # longer than original_max_position_embeddings
     hf = Qwen3ForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()

@@ -33,18 +33,26 @@ def test_reference_on_cuda_matches_transformers(tiny_checkpoint: Path, dtype: st
 
     torch_dtype = getattr(torch, dtype)
     hf = Qwen3ForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch_dtype).to("cuda").eval()
-    engine = ReferenceEngine.from_pretrained(tiny_checkpoint, EngineConfig(block_size=16, num_blocks=128), dtype, "cuda")
+    engine = ReferenceEngine.from_pretrained(
+        tiny_checkpoint, EngineConfig(block_size=16, num_blocks=128), dtype, "cuda"
+    )
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True, logprobs=5)
     outputs = engine.generate(PROMPTS, params)
     comparisons = [
-        compare_traces(trace_from_output(o), hf_greedy_trace(hf, p, MAX_NEW_TOKENS, 5), logprob_tolerance=1e-4, rule=rule)
-        for o, p in zip(outputs, PROMPTS)
+        compare_traces(
+            trace_from_output(o), hf_greedy_trace(hf, p, MAX_NEW_TOKENS, 5), logprob_tolerance=1e-4, rule=rule
+        )
+        for o, p in zip(outputs, PROMPTS, strict=True)
     ]
     results_dir = os.environ.get("TWINFER_RESULTS_DIR")
     if results_dir:
         record = {
-            "dtype": dtype, "rule": rule, "device": torch.cuda.get_device_name(),
-            "prompts": [{"num_prompt_tokens": len(p), **c.to_dict()} for p, c in zip(PROMPTS, comparisons)],
+            "dtype": dtype,
+            "rule": rule,
+            "device": torch.cuda.get_device_name(),
+            "prompts": [
+                {"num_prompt_tokens": len(p), **c.to_dict()} for p, c in zip(PROMPTS, comparisons, strict=True)
+            ],
         }
         Path(results_dir, f"reference_vs_hf_cuda_{dtype}.json").write_text(json.dumps(record, indent=2))
     assert all(c.agree for c in comparisons), comparisons

@@ -40,7 +40,7 @@ def check_tensor(
 def check_shape(name: str, tensor: torch.Tensor, expected: Sequence[int | None]) -> None:
     """Check each dimension of `tensor` against `expected` (None means any size)."""
     actual = tuple(tensor.shape)
-    if len(actual) != len(expected) or any(e is not None and a != e for a, e in zip(actual, expected)):
+    if len(actual) != len(expected) or any(e is not None and a != e for a, e in zip(actual, expected, strict=True)):
         shown = tuple("*" if e is None else e for e in expected)
         raise ValueError(f"{name} must have shape {shown}, got {actual}")
 
@@ -59,7 +59,9 @@ def check_same_dtype(reference_name: str, reference: torch.Tensor, **others: tor
     """Check that every tensor in `others` has the dtype of `reference`."""
     for name, tensor in others.items():
         if tensor.dtype != reference.dtype:
-            raise TypeError(f"{name} has dtype {tensor.dtype} but {reference_name} has {reference.dtype}; they must match")
+            raise TypeError(
+                f"{name} has dtype {tensor.dtype} but {reference_name} has {reference.dtype}; they must match"
+            )
 
 
 def check_contiguous(name: str, tensor: torch.Tensor) -> None:
@@ -82,7 +84,9 @@ def check_power_of_two(name: str, value: int, *, low: int, high: int) -> None:
 
 def check_positive_int(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a Python int (host-known, so no GPU sync is needed), got {type(value).__name__}")
+        raise TypeError(
+            f"{name} must be a Python int (host-known, so no GPU sync is needed), got {type(value).__name__}"
+        )
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return value

@@ -150,9 +150,7 @@ def add_rmsnorm(
     return out, residual_out
 
 
-def rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None
-) -> torch.Tensor:
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Plain RMSNorm (no residual): rmsnorm(x) * weight."""
     normed, _ = add_rmsnorm(x, None, weight, eps, out=out)
     return normed

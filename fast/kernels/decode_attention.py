@@ -220,7 +220,9 @@ def decode_attention(
     """
     q = check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     num_seqs, num_q_heads, head_dim = q.shape  # one query row per sequence
-    block_size, num_kv_heads = check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, scale, num_seqs)
+    block_size, num_kv_heads = check_paged_attention_inputs(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, num_seqs
+    )
     check_positive_int("max_seq_len", max_seq_len)
     if max_seq_len > block_tables.shape[1] * block_size:
         raise ValueError(

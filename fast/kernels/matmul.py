@@ -25,7 +25,14 @@ import torch
 import triton
 import triton.language as tl
 
-from fast.kernels._checks import FLOAT_DTYPES, check_last_dim_contiguous, check_same_device, check_same_dtype, check_shape, check_tensor
+from fast.kernels._checks import (
+    FLOAT_DTYPES,
+    check_last_dim_contiguous,
+    check_same_device,
+    check_same_dtype,
+    check_shape,
+    check_tensor,
+)
 
 
 @triton.jit

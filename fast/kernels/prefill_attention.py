@@ -172,15 +172,45 @@ def _prefill_attention_kernel(
     key_end = context + tl.minimum(m_start + BLOCK_M, q_len)
     for tile_start in range(0, unmasked_end, BLOCK_N):
         acc, row_max, row_sum = _attend_tile(
-            q, acc, row_max, row_sum, tile_start, query_positions, key_end, block_table_row,
-            k_cache_ptr, v_cache_ptr, slot_stride, head_offset, scale_log2,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION,
+            q,
+            acc,
+            row_max,
+            row_sum,
+            tile_start,
+            query_positions,
+            key_end,
+            block_table_row,
+            k_cache_ptr,
+            v_cache_ptr,
+            slot_stride,
+            head_offset,
+            scale_log2,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_N,
+            False,
+            DOT_PRECISION,
         )
     for tile_start in range(unmasked_end, key_end, BLOCK_N):
         acc, row_max, row_sum = _attend_tile(
-            q, acc, row_max, row_sum, tile_start, query_positions, key_end, block_table_row,
-            k_cache_ptr, v_cache_ptr, slot_stride, head_offset, scale_log2,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION,
+            q,
+            acc,
+            row_max,
+            row_sum,
+            tile_start,
+            query_positions,
+            key_end,
+            block_table_row,
+            k_cache_ptr,
+            v_cache_ptr,
+            slot_stride,
+            head_offset,
+            scale_log2,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_N,
+            True,
+            DOT_PRECISION,
         )
 
     # Padding rows have row_sum 0; divide by 1 instead and never store them.

@@ -21,8 +21,8 @@ import triton.language as tl
 
 from fast.kernels._checks import (
     FLOAT_DTYPES,
-    check_last_dim_contiguous,
     check_contiguous,
+    check_last_dim_contiguous,
     check_same_device,
     check_same_dtype,
     check_shape,
@@ -103,14 +103,35 @@ def _qk_norm_rope_kernel(
     sin = tl.load(cos_sin_ptr + position * (2 * HALF_DIM) + HALF_DIM + dims)
     if head_block < num_q_programs:
         _norm_rope_heads(
-            q_ptr, q_weight_ptr, token, q_token_stride, q_head_stride, head_block * HEADS_PER_PROGRAM, num_q_heads,
-            cos, sin, eps, HALF_DIM, HEADS_PER_PROGRAM, APPLY_NORM,
+            q_ptr,
+            q_weight_ptr,
+            token,
+            q_token_stride,
+            q_head_stride,
+            head_block * HEADS_PER_PROGRAM,
+            num_q_heads,
+            cos,
+            sin,
+            eps,
+            HALF_DIM,
+            HEADS_PER_PROGRAM,
+            APPLY_NORM,
         )
     else:
         _norm_rope_heads(
-            k_ptr, k_weight_ptr, token, k_token_stride, k_head_stride,
-            (head_block - num_q_programs) * HEADS_PER_PROGRAM, num_kv_heads, cos, sin, eps, HALF_DIM,
-            HEADS_PER_PROGRAM, APPLY_NORM,
+            k_ptr,
+            k_weight_ptr,
+            token,
+            k_token_stride,
+            k_head_stride,
+            (head_block - num_q_programs) * HEADS_PER_PROGRAM,
+            num_kv_heads,
+            cos,
+            sin,
+            eps,
+            HALF_DIM,
+            HEADS_PER_PROGRAM,
+            APPLY_NORM,
         )
 
 

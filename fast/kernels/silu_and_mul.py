@@ -55,7 +55,5 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
         return out
     block_cols = min(_BLOCK_COLS, triton.next_power_of_2(intermediate))
     grid = (num_tokens, triton.cdiv(intermediate, block_cols))
-    _silu_and_mul_kernel[grid](
-        x, out, x.stride(0), out.stride(0), intermediate, BLOCK_COLS=block_cols, num_warps=4
-    )
+    _silu_and_mul_kernel[grid](x, out, x.stride(0), out.stride(0), intermediate, BLOCK_COLS=block_cols, num_warps=4)
     return out

@@ -40,12 +40,23 @@ def _run_case(
     out = poisoned_like(q)
     max_seq_len = max(seq_lens) + extra_max_len
     result = decode_attention(
-        q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, scale, max_seq_len,
-        split_size=split_size, block_n=block_n, out=out,
+        q,
+        cache.k_cache,
+        cache.v_cache,
+        cache.block_tables,
+        cache.seq_lens,
+        scale,
+        max_seq_len,
+        split_size=split_size,
+        block_n=block_n,
+        out=out,
     )
     assert result is out
     expected = torch.cat(
-        [reference_causal_attention(q[i : i + 1], k, v, scale) for i, (k, v) in enumerate(zip(cache.keys, cache.values))]
+        [
+            reference_causal_attention(q[i : i + 1], k, v, scale)
+            for i, (k, v) in enumerate(zip(cache.keys, cache.values, strict=True))
+        ]
     )
     assert_close_scaled(out, expected, dtype, f"decode seq_lens={seq_lens}")
 
@@ -90,7 +101,12 @@ def test_decode_matches_reference_gpu(dtype: torch.dtype, head_dim: int, case: d
 @pytest.mark.parametrize("block_size", [16, 256])
 def test_decode_32k_context_gpu(dtype: torch.dtype, block_size: int) -> None:
     _run_case(
-        seq_lens=[32768, 20001, 1], num_kv_heads=8, group=4, head_dim=128, block_size=block_size, dtype=dtype,
+        seq_lens=[32768, 20001, 1],
+        num_kv_heads=8,
+        group=4,
+        head_dim=128,
+        block_size=block_size,
+        dtype=dtype,
         seed=11,
     )
 
@@ -177,5 +193,14 @@ def test_decode_rejects_tensors_on_different_devices() -> None:
 @pytest.mark.parametrize("head_dim", [16, 32])
 def test_decode_small_head_dims(dtype: torch.dtype, head_dim: int) -> None:
     """Small models (the tiny test models among them) use head_dim 16 or 32."""
-    _run_case(seq_lens=[40, 1, 17], num_kv_heads=2, group=2, head_dim=head_dim, block_size=16, dtype=dtype, seed=7,
-              split_size=16, block_n=16)
+    _run_case(
+        seq_lens=[40, 1, 17],
+        num_kv_heads=2,
+        group=2,
+        head_dim=head_dim,
+        block_size=16,
+        dtype=dtype,
+        seed=7,
+        split_size=16,
+        block_n=16,
+    )

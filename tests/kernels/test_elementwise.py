@@ -50,10 +50,15 @@ def _check_add_rmsnorm(num_tokens: int, hidden: int, with_residual: bool, dtype:
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @kernel_settings(cpu_examples=20)
-@given(num_tokens=st.integers(1, 9), hidden=st.sampled_from([64, 96, 256, 1000]), with_residual=st.booleans(),
-       seed=st.integers(0, 2**31 - 1))
-def test_add_rmsnorm_matches_reference(dtype: torch.dtype, num_tokens: int, hidden: int, with_residual: bool,
-                                       seed: int) -> None:
+@given(
+    num_tokens=st.integers(1, 9),
+    hidden=st.sampled_from([64, 96, 256, 1000]),
+    with_residual=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_add_rmsnorm_matches_reference(
+    dtype: torch.dtype, num_tokens: int, hidden: int, with_residual: bool, seed: int
+) -> None:
     _check_add_rmsnorm(num_tokens, hidden, with_residual, dtype, seed)
 
 
@@ -78,8 +83,9 @@ def test_add_rmsnorm_in_place() -> None:
 def test_rmsnorm_without_residual() -> None:
     generator = seeded_generator(1)
     x, weight = _random((2, 128), torch.float16, generator), _random((128,), torch.float16, generator)
-    assert_close_scaled(rmsnorm(x, weight, 1e-6), reference_add_rmsnorm(x, None, weight, 1e-6)[0], torch.float16,
-                        "rmsnorm")
+    assert_close_scaled(
+        rmsnorm(x, weight, 1e-6), reference_add_rmsnorm(x, None, weight, 1e-6)[0], torch.float16, "rmsnorm"
+    )
 
 
 @pytest.mark.parametrize(
@@ -107,8 +113,15 @@ def test_add_rmsnorm_rejects_bad_arguments(kwargs: dict, error: type[Exception],
 # ----------------------------------------------------------------------------- q/k norm + RoPE
 
 
-def _check_qk_norm_rope(num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                        seed: int, heads_per_program: int = 8) -> None:
+def _check_qk_norm_rope(
+    num_tokens: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int,
+    heads_per_program: int = 8,
+) -> None:
     generator = seeded_generator(seed)
     max_positions = 4096
     cos_sin_cache = build_cos_sin_cache(max_positions, head_dim)
@@ -128,11 +141,16 @@ def _check_qk_norm_rope(num_tokens: int, num_q_heads: int, num_kv_heads: int, he
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @kernel_settings(cpu_examples=20)
-@given(num_tokens=st.integers(1, 9), heads=st.sampled_from([(1, 1), (4, 2), (6, 3), (8, 1), (12, 4)]),
-       head_dim=st.sampled_from([64, 128]), heads_per_program=st.sampled_from([1, 2, 4, 8]),
-       seed=st.integers(0, 2**31 - 1))
-def test_qk_norm_rope_matches_reference(dtype: torch.dtype, num_tokens: int, heads: tuple[int, int], head_dim: int,
-                                        heads_per_program: int, seed: int) -> None:
+@given(
+    num_tokens=st.integers(1, 9),
+    heads=st.sampled_from([(1, 1), (4, 2), (6, 3), (8, 1), (12, 4)]),
+    head_dim=st.sampled_from([64, 128]),
+    heads_per_program=st.sampled_from([1, 2, 4, 8]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_qk_norm_rope_matches_reference(
+    dtype: torch.dtype, num_tokens: int, heads: tuple[int, int], head_dim: int, heads_per_program: int, seed: int
+) -> None:
     _check_qk_norm_rope(num_tokens, heads[0], heads[1], head_dim, dtype, seed, heads_per_program)
 
 
@@ -159,9 +177,13 @@ def test_qk_norm_rope_large_gpu(dtype: torch.dtype, head_dim: int, heads_per_pro
 )
 def test_qk_norm_rope_rejects_bad_arguments(kwargs: dict, error: type[Exception], names: str) -> None:
     args = {
-        "q": torch.zeros(3, 4, 64), "k": torch.zeros(3, 2, 64), "q_weight": torch.ones(64),
-        "k_weight": torch.ones(64), "cos_sin_cache": torch.zeros(16, 64),
-        "positions": torch.zeros(3, dtype=torch.int64), "eps": 1e-6,
+        "q": torch.zeros(3, 4, 64),
+        "k": torch.zeros(3, 2, 64),
+        "q_weight": torch.ones(64),
+        "k_weight": torch.ones(64),
+        "cos_sin_cache": torch.zeros(16, 64),
+        "positions": torch.zeros(3, dtype=torch.int64),
+        "eps": 1e-6,
     }
     args.update(kwargs)
     args = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) and v.device.type != "meta" else v for k, v in args.items()}
@@ -182,8 +204,9 @@ def _check_silu_and_mul(num_tokens: int, intermediate: int, dtype: torch.dtype, 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @kernel_settings(cpu_examples=20)
-@given(num_tokens=st.integers(1, 9), intermediate=st.sampled_from([1, 64, 100, 1024, 1500]),
-       seed=st.integers(0, 2**31 - 1))
+@given(
+    num_tokens=st.integers(1, 9), intermediate=st.sampled_from([1, 64, 100, 1024, 1500]), seed=st.integers(0, 2**31 - 1)
+)
 def test_silu_and_mul_matches_reference(dtype: torch.dtype, num_tokens: int, intermediate: int, seed: int) -> None:
     _check_silu_and_mul(num_tokens, intermediate, dtype, seed)
 
@@ -204,8 +227,9 @@ def test_silu_and_mul_large_gpu(dtype: torch.dtype) -> None:
         (torch.zeros(2, 8), torch.zeros(2, 4, device="meta"), ValueError, "out is on meta"),
     ],
 )
-def test_silu_and_mul_rejects_bad_arguments(x: torch.Tensor | str, out: torch.Tensor | None,
-                                            error: type[Exception], names: str) -> None:
+def test_silu_and_mul_rejects_bad_arguments(
+    x: torch.Tensor | str, out: torch.Tensor | None, error: type[Exception], names: str
+) -> None:
     # The strided view is made on the device: .to() would return a contiguous copy.
     x = torch.zeros(2, 16, device=DEVICE)[:, ::2] if isinstance(x, str) else x.to(DEVICE)
     out = out.to(DEVICE) if out is not None and out.device.type != "meta" else out

@@ -13,8 +13,15 @@ from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generat
 
 
 def _run_case(
-    num_tokens: int, num_kv_heads: int, head_dim: int, block_size: int, num_blocks: int, num_padding: int,
-    dtype: torch.dtype, seed: int, strided: bool,
+    num_tokens: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    num_blocks: int,
+    num_padding: int,
+    dtype: torch.dtype,
+    seed: int,
+    strided: bool,
 ) -> None:
     generator = seeded_generator(seed)
     num_slots = num_blocks * block_size
@@ -55,8 +62,14 @@ def _run_case(
     strided=st.booleans(),
 )
 def test_store_kv_scatters_rows(
-    dtype: torch.dtype, num_tokens: int, num_kv_heads: int, block_size: int, num_blocks: int, num_padding: int,
-    seed: int, strided: bool,
+    dtype: torch.dtype,
+    num_tokens: int,
+    num_kv_heads: int,
+    block_size: int,
+    num_blocks: int,
+    num_padding: int,
+    seed: int,
+    strided: bool,
 ) -> None:
     _run_case(num_tokens, num_kv_heads, 64, block_size, num_blocks, num_padding, dtype, seed, strided)
 
@@ -101,7 +114,9 @@ def test_store_kv_rejects_bad_arguments(change: dict, error: type[Exception], na
     args = _valid_args()
     for key, value in change.items():
         args[key] = value.to(DEVICE) if isinstance(value, torch.Tensor) else value
-    if isinstance(args["k"], str) and args["k"] == "strided":  # made on the device: .to() would return a contiguous copy
+    if (
+        isinstance(args["k"], str) and args["k"] == "strided"
+    ):  # made on the device: .to() would return a contiguous copy
         args["k"] = torch.randn(4, 2, 128, device=DEVICE)[:, :, ::2]
     with pytest.raises(error, match=names):
         store_kv(**args)

@@ -19,8 +19,13 @@ def _random(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generat
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @kernel_settings(cpu_examples=10)
-@given(rows=st.integers(1, 40), width=st.sampled_from([16, 48, 80]), depth=st.sampled_from([16, 40, 136]),
-       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(
+    rows=st.integers(1, 40),
+    width=st.sampled_from([16, 48, 80]),
+    depth=st.sampled_from([16, 40, 136]),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_matmul_matches_reference(dtype: torch.dtype, rows: int, width: int, depth: int, bias: bool, seed: int) -> None:
     generator = seeded_generator(seed)
     x, weight = _random((rows, depth), dtype, generator), _random((width, depth), dtype, generator)

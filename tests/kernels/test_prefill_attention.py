@@ -37,12 +37,25 @@ def _run_case(
     scale = 1.0 / math.sqrt(head_dim)
     out = poisoned_like(q)
     result = prefill_attention(
-        q, cu_seqlens_q, cache.seq_lens, cache.block_tables, cache.k_cache, cache.v_cache, scale, max(q_lens),
-        block_m=block_m, block_n=block_n, out=out, always_mask=always_mask,
+        q,
+        cu_seqlens_q,
+        cache.seq_lens,
+        cache.block_tables,
+        cache.k_cache,
+        cache.v_cache,
+        scale,
+        max(q_lens),
+        block_m=block_m,
+        block_n=block_n,
+        out=out,
+        always_mask=always_mask,
     )
     assert result is out
     expected = torch.cat(
-        [reference_causal_attention(qs, k, v, scale) for qs, k, v in zip(queries, cache.keys, cache.values)]
+        [
+            reference_causal_attention(qs, k, v, scale)
+            for qs, k, v in zip(queries, cache.keys, cache.values, strict=True)
+        ]
     )
     assert_close_scaled(out, expected, dtype, f"prefill seq_lens={seq_lens} q_lens={q_lens}")
 
@@ -77,8 +90,14 @@ def test_prefill_matches_reference_small(dtype: torch.dtype, case: dict, tiles: 
 def test_prefill_default_tiles_mixed_batch(dtype: torch.dtype) -> None:
     """Default tile sizes, a batch mixing a fresh prefill, a chunk and a single decode-like query."""
     _run_case(
-        seq_lens=[70, 33, 16], q_lens=[70, 9, 1], num_kv_heads=2, group=2, head_dim=64, block_size=16,
-        dtype=dtype, seed=1,
+        seq_lens=[70, 33, 16],
+        q_lens=[70, 9, 1],
+        num_kv_heads=2,
+        group=2,
+        head_dim=64,
+        block_size=16,
+        dtype=dtype,
+        seed=1,
     )
 
 
@@ -87,8 +106,16 @@ def test_prefill_unmasked_tiles_stop_at_first_rows_diagonal(dtype: torch.dtype) 
     """context 14, block_m 16, block_n 16: query block 1 starts at position 30, so key tile 16..31
     crosses its diagonal (key 31 is invisible to position 30) and must take the masked path."""
     _run_case(
-        seq_lens=[34], q_lens=[20], num_kv_heads=1, group=2, head_dim=64, block_size=16, dtype=dtype, seed=3,
-        block_m=16, block_n=16,
+        seq_lens=[34],
+        q_lens=[20],
+        num_kv_heads=1,
+        group=2,
+        head_dim=64,
+        block_size=16,
+        dtype=dtype,
+        seed=3,
+        block_m=16,
+        block_n=16,
     )
 
 
@@ -105,8 +132,14 @@ def test_prefill_matches_reference_gpu(dtype: torch.dtype, head_dim: int, case: 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_prefill_long_prompt_and_long_context_single_query_gpu(dtype: torch.dtype) -> None:
     _run_case(
-        seq_lens=[4096, 3000, 2049], q_lens=[4096, 1, 700], num_kv_heads=8, group=4, head_dim=128,
-        block_size=16, dtype=dtype, seed=7,
+        seq_lens=[4096, 3000, 2049],
+        q_lens=[4096, 1, 700],
+        num_kv_heads=8,
+        group=4,
+        head_dim=128,
+        block_size=16,
+        dtype=dtype,
+        seed=7,
     )
 
 
@@ -167,15 +200,32 @@ def test_prefill_rejects_tensors_on_different_devices() -> None:
 @pytest.mark.parametrize("head_dim", [16, 32])
 def test_prefill_small_head_dims(dtype: torch.dtype, head_dim: int) -> None:
     """Small models (the tiny test models among them) use head_dim 16 or 32."""
-    _run_case(seq_lens=[40, 17], q_lens=[40, 5], num_kv_heads=2, group=2, head_dim=head_dim, block_size=16,
-              dtype=dtype, seed=4)
+    _run_case(
+        seq_lens=[40, 17],
+        q_lens=[40, 5],
+        num_kv_heads=2,
+        group=2,
+        head_dim=head_dim,
+        block_size=16,
+        dtype=dtype,
+        seed=4,
+    )
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 def test_prefill_always_mask_matches_reference(dtype: torch.dtype) -> None:
     """The batch-invariant variant (every tile masked) computes the same attention."""
-    _run_case(seq_lens=[70, 33], q_lens=[70, 9], num_kv_heads=2, group=2, head_dim=64, block_size=16, dtype=dtype,
-              seed=2, always_mask=True)
+    _run_case(
+        seq_lens=[70, 33],
+        q_lens=[70, 9],
+        num_kv_heads=2,
+        group=2,
+        head_dim=64,
+        block_size=16,
+        dtype=dtype,
+        seed=2,
+        always_mask=True,
+    )
 
 
 @pytest.mark.gpu
@@ -191,7 +241,16 @@ def test_a_query_row_is_bitwise_the_same_however_its_prompt_is_chunked_gpu(dtype
     for q_len in (1, 7, 64, 300, seq_len):
         q = q_all[seq_len - q_len :].contiguous()
         cu = torch.tensor([0, q_len], dtype=torch.int32, device=DEVICE)
-        out = prefill_attention(q, cu, cache.seq_lens, cache.block_tables, cache.k_cache, cache.v_cache,
-                                head_dim**-0.5, q_len, always_mask=True)
+        out = prefill_attention(
+            q,
+            cu,
+            cache.seq_lens,
+            cache.block_tables,
+            cache.k_cache,
+            cache.v_cache,
+            head_dim**-0.5,
+            q_len,
+            always_mask=True,
+        )
         results.append(out[-1])
     assert all(torch.equal(result, results[0]) for result in results[1:])
