@@ -11,6 +11,7 @@ import torch
 from spec.engine import Engine
 from spec.engine_config import EngineConfig
 from spec.model_config import ModelConfig
+from spec.scheduling import StepPlan
 
 ENGINE_NAMES = ("reference", "fast")
 
@@ -32,3 +33,17 @@ def build_engine(
 
         return FastEngine(model_config, state_dict, engine_config, dtype, device)
     raise ValueError(f"unknown engine {name!r}; known: {ENGINE_NAMES}")
+
+
+def record_plans(engine: Engine) -> list[StepPlan]:
+    """Spy on an engine's scheduling plans without changing what its scheduler does."""
+    plans: list[StepPlan] = []
+    schedule = engine.scheduler.schedule  # type: ignore[attr-defined]
+
+    def recording_schedule() -> StepPlan:
+        plan = schedule()
+        plans.append(plan)
+        return plan
+
+    engine.scheduler.schedule = recording_schedule  # type: ignore[attr-defined]
+    return plans

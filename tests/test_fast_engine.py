@@ -21,8 +21,7 @@ from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
-from spec.scheduling import StepPlan
-from tests.engines import build_engine
+from tests.engines import build_engine, record_plans
 
 pytestmark = pytest.mark.differential
 
@@ -69,19 +68,6 @@ def twins(tiny_weights):
         )
 
     return build
-
-
-def record_plans(engine) -> list[StepPlan]:
-    plans: list[StepPlan] = []
-    schedule = engine.scheduler.schedule
-
-    def recording_schedule() -> StepPlan:
-        plan = schedule()
-        plans.append(plan)
-        return plan
-
-    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
-    return plans
 
 
 def assert_three_way(

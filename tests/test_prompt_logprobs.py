@@ -13,8 +13,7 @@ import torch
 from spec.engine_config import EngineConfig
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
-from spec.scheduling import StepPlan
-from tests.engines import ENGINE_NAMES, build_engine
+from tests.engines import ENGINE_NAMES, build_engine, record_plans
 
 pytestmark = [pytest.mark.differential, pytest.mark.parametrize("engine_name", ENGINE_NAMES)]
 
@@ -35,20 +34,6 @@ def make_engine(name: str, tiny_weights, **settings: object):
     config, state_dict = tiny_weights
     settings.setdefault("check_invariants", True)
     return build_engine(name, config, state_dict, EngineConfig(**settings), torch.float32, "cpu")
-
-
-def record_plans(engine) -> list[StepPlan]:
-    """Spy on the scheduler's plans without changing what it does."""
-    plans: list[StepPlan] = []
-    schedule = engine.scheduler.schedule
-
-    def recording_schedule() -> StepPlan:
-        plan = schedule()
-        plans.append(plan)
-        return plan
-
-    engine.scheduler.schedule = recording_schedule
-    return plans
 
 
 @torch.inference_mode()

@@ -8,12 +8,11 @@ import random
 import pytest
 import torch
 
-from reference.engine import ReferenceEngine
 from reports.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import Trace, compare_traces
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
-from spec.scheduling import StepPlan
+from tests.engines import record_plans
 
 pytestmark = pytest.mark.differential
 
@@ -56,20 +55,6 @@ def assert_match_hf(outputs: list[RequestOutput], prompts: list[list[int]], hf_t
         assert comparison.first_divergence is None, f"prompt of {len(prompt)} tokens diverges at {comparison}"
         assert comparison.max_logprob_error <= 1e-4, comparison
         assert comparison.agree
-
-
-def record_plans(engine: ReferenceEngine) -> list[StepPlan]:
-    """Spy on the scheduler's plans without changing what it does."""
-    plans: list[StepPlan] = []
-    schedule = engine.scheduler.schedule
-
-    def recording_schedule() -> StepPlan:
-        plan = schedule()
-        plans.append(plan)
-        return plan
-
-    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
-    return plans
 
 
 def test_single_prompts_match_hf(make_engine, hf_traces) -> None:

@@ -43,7 +43,7 @@ from spec.engine_config import EngineConfig
 from spec.errors import CheckpointError, ConfigError
 from spec.model_config import ModelConfig
 from spec.sampling_params import SamplingParams
-from spec.scheduling import StepPlan
+from tests.engines import record_plans
 
 pytestmark = pytest.mark.differential
 
@@ -80,19 +80,6 @@ def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _weights(checkpoint: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     config = load_model_config(checkpoint)
     return config, load_state_dict(checkpoint, config, torch.float32)
-
-
-def _record_plans(engine) -> list[StepPlan]:
-    plans: list[StepPlan] = []
-    schedule = engine.scheduler.schedule
-
-    def recording_schedule() -> StepPlan:
-        plan = schedule()
-        plans.append(plan)
-        return plan
-
-    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
-    return plans
 
 
 def _assert_three_way(parallel_outputs, reference_outputs, prompts, hf_model) -> None:
@@ -228,7 +215,7 @@ def test_two_ranks_match_reference_and_transformers_qwen3(tiny_checkpoint: Path,
     with FastEngine.from_pretrained(tiny_checkpoint, engine_config, "float32", "cpu", tensor_parallel_size=2) as fast:
         pids = _worker_pids(fast)
         assert fast.tensor_parallel_info()["small_all_reduce"] == "gloo"
-        fast_plans, reference_plans = _record_plans(fast), _record_plans(reference)
+        fast_plans, reference_plans = record_plans(fast), record_plans(reference)
         outputs = fast.generate(MIXED_PROMPTS, GREEDY)
         _assert_three_way(outputs, reference.generate(MIXED_PROMPTS, GREEDY), MIXED_PROMPTS, hf_model)
         assert max(len(plan.chunks) for plan in fast_plans) == len(MIXED_PROMPTS)
@@ -254,7 +241,7 @@ def test_two_ranks_chunked_prefill_and_preemption_llama_with_one_kv_head(llama_c
     prompts = MIXED_PROMPTS[1:]
     with FastEngine(config, state_dict, engine_config, torch.float32, "cpu", tensor_parallel_size=2) as fast:
         pids = _worker_pids(fast)
-        fast_plans, reference_plans = _record_plans(fast), _record_plans(reference)
+        fast_plans, reference_plans = record_plans(fast), record_plans(reference)
         outputs = fast.generate(prompts, GREEDY)
         _assert_three_way(outputs, reference.generate(prompts, GREEDY), prompts, hf)
     _assert_gone(pids)
