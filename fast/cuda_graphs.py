@@ -16,6 +16,12 @@ from collections.abc import Callable
 
 import torch
 
+from spec.errors import ConfigError
+
+# Captures cost start-up time and graph-pool memory per size; past this many rows a decode step is
+# long enough that launching its kernels one by one costs little.
+MAX_GRAPH_BATCH = 512
+
 # forward(batch_size) -> logits [batch_size, vocab]: the decode forward over the first
 # batch_size rows of the persistent input buffers.
 DecodeForward = Callable[[int], torch.Tensor]
@@ -31,6 +37,12 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, max_batch: int) -> None:
+        if max_batch > MAX_GRAPH_BATCH:
+            raise ConfigError(
+                f"CUDA graphs are captured for decode batches of up to {MAX_GRAPH_BATCH} requests, but max_num_seqs "
+                f"and max_num_batched_tokens allow {max_batch}: lower max_num_seqs, or turn CUDA graphs off "
+                "(enable_cuda_graphs=False, --no-cuda-graphs)"
+            )
         self.sizes = graph_batch_sizes(max_batch)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}

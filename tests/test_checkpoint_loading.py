@@ -155,3 +155,19 @@ def test_missing_config_json(checkpoint_copy: Path) -> None:
     (checkpoint_copy / "config.json").unlink()
     with pytest.raises(ConfigError, match="no config.json"):
         ReferenceEngine.from_pretrained(checkpoint_copy, device="cpu")
+
+
+@pytest.mark.parametrize("engine_name", ["reference", "fast"])
+def test_a_transposed_tensor_with_the_same_size_is_refused(checkpoint_copy: Path, engine_name: str) -> None:
+    """gate_proj stored as [hidden, intermediate] instead of [intermediate, hidden]: same number of
+    elements, so only the shape check can catch it, before either engine builds anything."""
+    from twinfer.registry import engine_class
+
+    name = "model.layers.1.mlp.gate_proj.weight"
+
+    def transpose(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name] = tensors[name].T.contiguous()
+
+    rewrite_weights(checkpoint_copy, transpose)
+    with pytest.raises(CheckpointError, match=r"gate_proj\.weight.*has shape \(64, 128\).*implies \(128, 64\)"):
+        engine_class(engine_name, torch.device("cpu")).from_pretrained(checkpoint_copy, None, "float32", "cpu")
