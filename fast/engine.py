@@ -32,12 +32,12 @@ from fast.scheduler import Scheduler
 from fast.sharded_loading import CheckpointWeights, WeightSource
 from fast.tp_launch import TensorParallelRuntime, start_tensor_parallel
 from spec.checkpoint import load_model_config, load_state_dict, parse_dtype, resolve_checkpoint
-from spec.engine import SampledToken, ScheduledEngine, default_device
+from spec.engine import SampledToken, ScheduledEngine, default_device, token_logprobs
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
-from spec.request import Request, RequestOutput, TokenLogprobs, prompt_logprob_positions
-from spec.sampling import SamplingRow, top_logprobs
+from spec.request import Request, RequestOutput, prompt_logprob_positions
+from spec.sampling import SamplingRow
 from spec.scheduling import StepPlan
 
 logger = logging.getLogger(__name__)
@@ -214,40 +214,23 @@ class FastEngine(ScheduledEngine):
         if not sampling:
             return {}
         requests = [request for _, request in sampling]
-        rows = [SamplingRow(r.params, r.seed, len(r.output_token_ids)) for r in requests]
-        self.sampler.set_rows(rows)
-        tokens = self.sampler.sample(logits)
-        wanted = max(r.params.logprobs for r in requests)
-        token_list = tokens.tolist()
-        if not any(r.params.logprobs > 0 for r in requests):
-            return {r.request_id: SampledToken(token, None) for r, token in zip(requests, token_list, strict=True)}
-        chosen, top_ids, top_values = self.sampler.logprobs(logits, tokens, wanted)
-        chosen_list, ids_list, values_list = chosen.tolist(), top_ids.tolist(), top_values.tolist()
-        results = {}
-        for row, request in enumerate(requests):
-            logprobs = None
-            if request.params.logprobs > 0:
-                count = request.params.logprobs
-                top = tuple(zip(ids_list[row][:count], values_list[row][:count], strict=True))
-                logprobs = TokenLogprobs(token_list[row], chosen_list[row], top)
-            results[request.request_id] = SampledToken(token_list[row], logprobs)
-        return results
+        self.sampler.set_rows([SamplingRow(r.params, r.seed, len(r.output_token_ids)) for r in requests])
+        tokens = self.sampler.sample(logits).tolist()
+        counts = [r.params.logprobs for r in requests]
+        entries = token_logprobs(logits, tokens, counts) if any(counts) else [None] * len(requests)
+        return {
+            request.request_id: SampledToken(token, entry if request.params.logprobs > 0 else None)
+            for request, token, entry in zip(requests, tokens, entries, strict=True)
+        }
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, scored: list[tuple[int, Request, int]]) -> None:
+        """Logits row r (at prompt position p - 1) scores prompt token p."""
         rows = torch.tensor([row for row, _, _ in scored], dtype=torch.int64, device=self.device)
-        targets = torch.tensor(
-            [request.prompt_token_ids[position] for _, request, position in scored],
-            dtype=torch.int64,
-            device=self.device,
-        )
-        wanted = max(request.params.prompt_logprobs or 0 for _, request, _ in scored)
-        chosen, top_ids, top_values = top_logprobs(logits[rows], targets, wanted)
-        chosen_list, ids_list, values_list = chosen.tolist(), top_ids.tolist(), top_values.tolist()
-        target_list = targets.tolist()
-        for index, (_, request, position) in enumerate(scored):
-            count = request.params.prompt_logprobs or 0
-            top = tuple(zip(ids_list[index][:count], values_list[index][:count], strict=True))
-            request.record_prompt_logprobs(position, TokenLogprobs(target_list[index], chosen_list[index], top))
+        targets = [request.prompt_token_ids[position] for _, request, position in scored]
+        counts = [request.params.prompt_logprobs or 0 for _, request, _ in scored]
+        entries = token_logprobs(logits[rows], targets, counts)
+        for (_, request, position), entry in zip(scored, entries, strict=True):
+            request.record_prompt_logprobs(position, entry)
 
 
 def _check_device(device: torch.device) -> None:
