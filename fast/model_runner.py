@@ -16,6 +16,7 @@ other ranks sit in `serve`, replaying each step from those inputs, until rank 0 
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
@@ -258,6 +259,7 @@ class ModelRunner:
         """Blocks that fit in gpu_memory_utilization after weights and a full-budget warm-up forward."""
         config = self.model_config
         torch.cuda.synchronize(self.device)
+        gc.collect()  # an engine dropped in a reference cycle still holds its pool until collected
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)

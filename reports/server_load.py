@@ -227,7 +227,9 @@ def run_server_phase(
         records, wall = clients_in_subprocess(server.base_url, settings.model, requests)
         metrics_text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
         engine_config = asdict(app.state.context.driver.config)
-    del app
+    # Both names reach the engine (the server holds the app, the app its driver): drop both before
+    # releasing, or the next phase's engine sizes its pool with this one's still allocated.
+    del app, server
     _release(settings.device)
     output_tokens = sum(len(r.token_ids) for r in records)
     errors = [r.error for r in records if r.error]

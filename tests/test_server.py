@@ -561,3 +561,22 @@ def test_an_engine_failure_fails_open_requests_and_health(tiny_weights, tiny_che
         assert httpx.get(f"{failing.base_url}/health", timeout=10).status_code == 503
         after = httpx.post(f"{failing.base_url}/v1/completions", json=body, timeout=30)
         assert after.status_code == 503 and after.json()["error"]["type"] == "service_unavailable"
+
+
+def test_a_stopped_server_lets_its_engine_go(tiny_weights, tiny_checkpoint: Path) -> None:
+    """After the server stops nothing keeps its engine (and so its KV pool) alive, even though the web
+    framework keeps the route handlers: a second engine in the same process gets the memory back."""
+    import gc
+    import weakref
+
+    config, state_dict = tiny_weights
+    engine = ReferenceEngine(config, state_dict, EngineConfig(block_size=4, num_blocks=64), torch.float32, "cpu")
+    alive = weakref.ref(engine)
+    app = app_for_engine(engine, tiny_checkpoint, "released")
+    del engine
+    with ServerThread(app) as server:
+        body = {"model": "released", "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}
+        assert httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60).status_code == 200
+    del app, server
+    gc.collect()
+    assert alive() is None, "the stopped server's engine is still reachable"

@@ -216,7 +216,8 @@ class EngineLoop:
     """An engine driven by a thread of this process (see the module docstring)."""
 
     def __init__(self, engine: Engine, metrics: ServerMetrics | None = None) -> None:
-        self.engine = engine
+        self.engine: Engine | None = engine
+        self._config = engine.config
         self.metrics = metrics or ServerMetrics()
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._sinks = SinkTable(self.metrics)
@@ -228,7 +229,7 @@ class EngineLoop:
 
     @property
     def config(self) -> EngineConfig:
-        return self.engine.config
+        return self._config
 
     @property
     def stats(self) -> EngineStats:
@@ -252,6 +253,16 @@ class EngineLoop:
         self._thread.join(timeout)
         if self._thread.is_alive():
             logger.warning("the engine thread did not stop within %.0f s", timeout)
+            return
+        self._release_engine()
+
+    def _release_engine(self) -> None:
+        """Let the stopped engine go: its KV pool is most of the GPU's memory, and route handlers that
+        outlive the app (web frameworks cache them) still reach this loop."""
+        engine, self.engine = self.engine, None
+        shutdown = getattr(engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()  # tensor-parallel ranks
 
     async def submit(self, requests: Sequence[EngineRequest], sink: OutputSink) -> None:
         """Add all of `requests` or none: raises the engine's error (e.g. InvalidRequestError) if one is refused."""
