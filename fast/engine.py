@@ -31,7 +31,7 @@ from fast.sampler import Sampler
 from fast.scheduler import Scheduler
 from fast.sharded_loading import CheckpointWeights, WeightSource
 from fast.tp_launch import TensorParallelRuntime, start_tensor_parallel
-from spec.checkpoint import load_model_config, load_state_dict, parse_dtype, resolve_checkpoint
+from spec.checkpoint import load_state_dict, open_checkpoint
 from spec.engine import SampledToken, ScheduledEngine, default_device, token_logprobs
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
@@ -104,16 +104,14 @@ class FastEngine(ScheduledEngine):
         tensor_parallel_size: int | None = None,
     ) -> FastEngine:
         """With tensor parallelism each rank reads only its own slices of the safetensors files."""
-        checkpoint = resolve_checkpoint(model)
-        model_config = load_model_config(checkpoint)
-        torch_dtype = parse_dtype(dtype, model_config)
-        target = torch.device(device) if device is not None else default_device()
-        _check_device(target)
+        opened = open_checkpoint(model, dtype, device)
+        _check_device(opened.device)
         size = tensor_parallel_size or (engine_config or EngineConfig()).tensor_parallel_size
         if size > 1:
-            return cls(model_config, CheckpointWeights(checkpoint), engine_config, torch_dtype, target, size)
-        state_dict = load_state_dict(checkpoint, model_config, torch_dtype, target)
-        return cls(model_config, state_dict, engine_config, torch_dtype, target, tensor_parallel_size)
+            weights = CheckpointWeights(opened.path)
+            return cls(opened.config, weights, engine_config, opened.dtype, opened.device, size)
+        state_dict = load_state_dict(opened.path, opened.config, opened.dtype, opened.device)
+        return cls(opened.config, state_dict, engine_config, opened.dtype, opened.device, tensor_parallel_size)
 
     # -- tensor parallelism ----------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import torch
 from reference.kv_cache import PagedKVCache
 from reference.model import CausalLM, ForwardBatch, SequenceSlice
 from reference.scheduler import Scheduler
-from spec.checkpoint import load_model_config, load_state_dict, parse_dtype, resolve_checkpoint
+from spec.checkpoint import load_state_dict, open_checkpoint
 from spec.engine import SampledToken, ScheduledEngine, default_device, token_logprobs
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
@@ -63,12 +63,9 @@ class ReferenceEngine(ScheduledEngine):
         dtype: str | torch.dtype = "auto",
         device: torch.device | str | None = None,
     ) -> ReferenceEngine:
-        checkpoint = resolve_checkpoint(model)
-        model_config = load_model_config(checkpoint)
-        torch_dtype = parse_dtype(dtype, model_config)
-        target = torch.device(device) if device is not None else default_device()
-        state_dict = load_state_dict(checkpoint, model_config, torch_dtype, target)
-        return cls(model_config, state_dict, engine_config, torch_dtype, target)
+        opened = open_checkpoint(model, dtype, device)
+        state_dict = load_state_dict(opened.path, opened.config, opened.dtype, opened.device)
+        return cls(opened.config, state_dict, engine_config, opened.dtype, opened.device)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> dict[str, SampledToken]:

@@ -10,10 +10,12 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from spec.engine import default_device
 from spec.errors import CheckpointError
 from spec.model_config import ModelConfig
 
@@ -209,3 +211,24 @@ def load_state_dict(
         )
     logger.info("loaded %d tensors from %s as %s", len(loaded), checkpoint, dtype)
     return loaded
+
+
+@dataclass(frozen=True)
+class OpenedCheckpoint:
+    """A checkpoint resolved for an engine: where it is, its config, and the dtype and device to load it as."""
+
+    path: Path
+    config: ModelConfig
+    dtype: torch.dtype
+    device: torch.device
+
+
+def open_checkpoint(
+    model: str | os.PathLike[str], dtype: str | torch.dtype = "auto", device: torch.device | str | None = None
+) -> OpenedCheckpoint:
+    """Resolve a directory or hub id, read its config, and settle dtype ("auto": the checkpoint's) and device
+    (default: CUDA when available); what every engine's from_pretrained does before loading weights."""
+    path = resolve_checkpoint(model)
+    config = load_model_config(path)
+    target = torch.device(device) if device is not None else default_device()
+    return OpenedCheckpoint(path, config, parse_dtype(dtype, config), target)
