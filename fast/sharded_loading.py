@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from fast.weights import ModelWeights, ShardLayout, TensorReader, pack_weights
-from spec.checkpoint import IGNORED_SUFFIXES, expected_weight_shapes, weight_files
+from spec.checkpoint import check_tensor, check_tensor_names, expected_weight_shapes, is_ignored_tensor, weight_files
 from spec.errors import CheckpointError
 from spec.model_config import ModelConfig
 
@@ -82,16 +82,19 @@ def open_checkpoint_slices(checkpoint: Path, config: ModelConfig) -> Iterator[Te
             try:
                 handle = stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
                 for name in handle.keys():
-                    if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and config.tie_word_embeddings):
+                    if is_ignored_tensor(name, config):
                         continue
                     if name not in expected:
                         unexpected.append(name)
                         continue
-                    _check_header(name, handle.get_slice(name), expected[name], checkpoint)
+                    piece = handle.get_slice(name)
+                    dtype_name = piece.get_dtype()
+                    stored = tuple(piece.get_shape())
+                    check_tensor(name, stored, dtype_name in FLOAT_DTYPE_NAMES, dtype_name, expected, checkpoint)
                     located[name] = handle
             except (SafetensorError, OSError, ValueError, RuntimeError) as error:
                 raise CheckpointError(f"cannot read {file} (truncated or corrupt safetensors?): {error}") from error
-        _check_complete(checkpoint, config, expected, located, unexpected)
+        check_tensor_names(checkpoint, config, expected, located, unexpected)
 
         def read(name: str, dim: int, span: tuple[int, int] | None) -> torch.Tensor:
             handle = located[name]
@@ -105,29 +108,3 @@ def open_checkpoint_slices(checkpoint: Path, config: ModelConfig) -> Iterator[Te
                 raise CheckpointError(f"cannot read tensor {name!r} of {checkpoint}: {error}") from error
 
         yield read
-
-
-def _check_header(name: str, piece: Any, shape: tuple[int, ...], checkpoint: Path) -> None:
-    stored = tuple(piece.get_shape())
-    if stored != shape:
-        raise CheckpointError(f"tensor {name!r} in {checkpoint} has shape {stored}, but the config implies {shape}")
-    if piece.get_dtype() not in FLOAT_DTYPE_NAMES:
-        raise CheckpointError(f"tensor {name!r} has non-float dtype {piece.get_dtype()}")
-
-
-def _check_complete(
-    checkpoint: Path,
-    config: ModelConfig,
-    expected: Mapping[str, tuple[int, ...]],
-    located: Mapping[str, Any],
-    unexpected: list[str],
-) -> None:
-    missing = sorted(set(expected) - set(located))
-    if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise CheckpointError(f"checkpoint {checkpoint} is missing tensors: {shown}")
-    if unexpected:
-        shown = ", ".join(sorted(unexpected)[:5]) + (f" and {len(unexpected) - 5} more" if len(unexpected) > 5 else "")
-        raise CheckpointError(
-            f"checkpoint {checkpoint} has tensors the {config.architecture} model does not use: {shown}"
-        )

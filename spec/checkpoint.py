@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,28 +179,33 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def load_state_dict(
-    checkpoint: Path, config: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu"
-) -> dict[str, torch.Tensor]:
-    """All tensors the model needs, checked against the config and converted to `dtype` on `device`."""
-    expected = expected_weight_shapes(config)
-    loaded: dict[str, torch.Tensor] = {}
-    unexpected: list[str] = []
-    for name, tensor in iter_tensors(checkpoint):
-        if name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and config.tie_word_embeddings):
-            continue
-        if name not in expected:
-            unexpected.append(name)
-            continue
-        if tuple(tensor.shape) != expected[name]:
-            raise CheckpointError(
-                f"tensor {name!r} in {checkpoint} has shape {tuple(tensor.shape)}, "
-                f"but the config implies {expected[name]}"
-            )
-        if not tensor.is_floating_point():
-            raise CheckpointError(f"tensor {name!r} has non-float dtype {tensor.dtype}")
-        loaded[name] = tensor.to(device=device, dtype=dtype)
-    missing = sorted(set(expected) - set(loaded))
+def is_ignored_tensor(name: str, config: ModelConfig) -> bool:
+    """Tensors a checkpoint may carry that no model reads (rotary caches; a tied checkpoint's lm_head)."""
+    return name.endswith(IGNORED_SUFFIXES) or (name == "lm_head.weight" and config.tie_word_embeddings)
+
+
+def check_tensor(
+    name: str,
+    shape: tuple[int, ...],
+    is_float: bool,
+    dtype_name: object,
+    expected: Mapping[str, tuple[int, ...]],
+    checkpoint: Path,
+) -> None:
+    """A stored tensor's shape (exactly the config's, so a transposed one is refused too) and float dtype."""
+    if shape != expected[name]:
+        raise CheckpointError(
+            f"tensor {name!r} in {checkpoint} has shape {shape}, but the config implies {expected[name]}"
+        )
+    if not is_float:
+        raise CheckpointError(f"tensor {name!r} has non-float dtype {dtype_name}")
+
+
+def check_tensor_names(
+    checkpoint: Path, config: ModelConfig, expected: Iterable[str], found: Iterable[str], unexpected: Sequence[str]
+) -> None:
+    """Every expected tensor found, and none the model does not use."""
+    missing = sorted(set(expected) - set(found))
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise CheckpointError(f"checkpoint {checkpoint} is missing tensors: {shown}")
@@ -209,6 +214,24 @@ def load_state_dict(
         raise CheckpointError(
             f"checkpoint {checkpoint} has tensors the {config.architecture} model does not use: {shown}"
         )
+
+
+def load_state_dict(
+    checkpoint: Path, config: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """All tensors the model needs, checked against the config and converted to `dtype` on `device`."""
+    expected = expected_weight_shapes(config)
+    loaded: dict[str, torch.Tensor] = {}
+    unexpected: list[str] = []
+    for name, tensor in iter_tensors(checkpoint):
+        if is_ignored_tensor(name, config):
+            continue
+        if name not in expected:
+            unexpected.append(name)
+            continue
+        check_tensor(name, tuple(tensor.shape), tensor.is_floating_point(), tensor.dtype, expected, checkpoint)
+        loaded[name] = tensor.to(device=device, dtype=dtype)
+    check_tensor_names(checkpoint, config, expected, loaded, unexpected)
     logger.info("loaded %d tensors from %s as %s", len(loaded), checkpoint, dtype)
     return loaded
 
