@@ -8,41 +8,25 @@ are written as JSON under $TWINFER_RESULTS_DIR when it is set, so a GPU run can 
 
 from __future__ import annotations
 
-import json
-import os
-import random
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
 
 from reports.differential import hf_greedy_trace, trace_from_output
 from reports.model_shapes import SHAPES, build_hf_model, random_state_dict
-from spec.agreement import Trace, compare_traces
+from spec.agreement import compare_traces
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.sampling_params import SamplingParams
 from tests.engines import build_engine
+from tests.gpu_checks import compare_fp32, prompts_of, record
 
 pytestmark = [pytest.mark.gpu, pytest.mark.differential]
 
 SHAPE = SHAPES["qwen3-0.6b"]
 SEED = 0
 BLOCK_SIZE = 16
-NEAR_TIE_FP32 = 1e-3  # fp32 divergences are excused only where the top-two gap is below this
-
-
-def record(name: str, data: dict[str, object]) -> None:
-    directory = os.environ.get("TWINFER_RESULTS_DIR")
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / f"{name}.json").write_text(json.dumps(data, indent=2))
-
-
-def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10000) for _ in range(n)] for n in lengths]
 
 
 @pytest.fixture(scope="module")
@@ -62,27 +46,6 @@ def engine(name: str, weights, dtype=torch.float32, **settings):
     settings.setdefault("num_blocks", 1024)
     settings.setdefault("max_model_len", 4096)
     return build_engine(name, config, state_dict, EngineConfig(**settings), dtype, "cuda")
-
-
-def top_gap(trace: Trace, position: int) -> float:
-    values = sorted(trace.top_logprobs[position].values(), reverse=True)
-    return values[0] - values[1]
-
-
-def compare_fp32(candidate: Trace, baseline: Trace) -> dict[str, object]:
-    """Exact agreement, except a divergence at a position whose baseline top-two gap is < 1e-3."""
-    comparison = compare_traces(candidate, baseline, logprob_tolerance=1e-4)
-    excused = None
-    if comparison.first_divergence is not None:
-        excused = top_gap(baseline, comparison.first_divergence)
-        assert excused < NEAR_TIE_FP32, f"fp32 divergence at a gap of {excused}: {comparison}"
-    else:
-        assert comparison.agree, comparison
-    return {
-        "first_divergence": comparison.first_divergence,
-        "gap_at_divergence": excused,
-        "max_logprob_error": comparison.max_logprob_error,
-    }
 
 
 GREEDY_32 = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=5)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -35,10 +34,11 @@ from fast.engine import FastEngine
 from reports.differential import trace_from_output
 from reports.model_shapes import SHAPES, random_state_dict
 from reports.tp_bench import WEIGHT_SEED, random_checkpoint
-from spec.agreement import Trace, compare_traces
+from spec.agreement import compare_traces
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
 from tests.engines import build_engine
+from tests.gpu_checks import compare_fp32, prompts_of, record
 
 _VISIBLE_GPUS = torch.cuda.device_count()
 pytestmark = [
@@ -49,22 +49,9 @@ pytestmark = [
 
 SMALL, LARGE = SHAPES["qwen3-0.6b"], SHAPES["qwen3-8b"]
 BLOCK_SIZE = 16
-NEAR_TIE_FP32 = 1e-3
 GREEDY_32 = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=5)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUBPROCESS_TIMEOUT_S = 300
-
-
-def record(name: str, data: dict[str, object]) -> None:
-    directory = os.environ.get("TWINFER_RESULTS_DIR")
-    if directory:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        (Path(directory) / f"{name}.json").write_text(json.dumps(data, indent=2, default=str))
-
-
-def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(10000) for _ in range(n)] for n in lengths]
 
 
 def settings(**overrides: object) -> EngineConfig:
@@ -85,27 +72,6 @@ def small_checkpoint() -> Path:
 def small_weights():
     config = SMALL.model_config()
     return config, random_state_dict(config, torch.float32, torch.device("cuda"), WEIGHT_SEED)
-
-
-def top_gap(trace: Trace, position: int) -> float:
-    values = sorted(trace.top_logprobs[position].values(), reverse=True)
-    return values[0] - values[1]
-
-
-def compare_fp32(candidate: Trace, baseline: Trace) -> dict[str, object]:
-    """Exact agreement, except a divergence at a position whose baseline top-two gap is < 1e-3."""
-    comparison = compare_traces(candidate, baseline, logprob_tolerance=1e-4)
-    gap = None
-    if comparison.first_divergence is not None:
-        gap = top_gap(baseline, comparison.first_divergence)
-        assert gap < NEAR_TIE_FP32, f"fp32 divergence at a gap of {gap}: {comparison}"
-    else:
-        assert comparison.agree, comparison
-    return {
-        "first_divergence": comparison.first_divergence,
-        "gap_at_divergence": gap,
-        "max_logprob_error": comparison.max_logprob_error,
-    }
 
 
 CASE_PROMPTS = prompts_of([1, 16, 17, 100, 300], seed=1)
