@@ -18,11 +18,13 @@ import logging
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from reports.bench_device import environment, measure_ceilings
+from reports.bench_profile import profile_run
 from reports.bench_runners import (
     ContinuousBatchingSettings,
     PhaseRun,
@@ -82,6 +84,7 @@ class BenchSettings:
     hf_continuous_batching: ContinuousBatchingSettings = ContinuousBatchingSettings()
     progress: bool = True
     commit: str | None = None
+    profile: bool = False  # one extra, untimed run of each engine phase under torch.profiler
 
     @property
     def runs_per_phase(self) -> int:
@@ -112,6 +115,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-seed", type=int, default=0, help="seed of the random weights (default 0)")
     parser.add_argument("--commit", help="git commit to record (default: `git rev-parse HEAD`)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed runs, one more run of each phase under torch.profiler: GPU busy time, "
+        "kernel time by kind and name (recorded under the phase's 'profile')",
+    )
     hf = parser.add_argument_group("transformers baseline")
     hf.add_argument("--hf-attn-implementation", default="sdpa", help="attn_implementation (default sdpa)")
     hf.add_argument(
@@ -154,6 +163,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         ),
         progress=not args.no_progress,
         commit=args.commit,
+        profile=args.profile,
     )
 
 
@@ -215,14 +225,15 @@ def run_engine(name: str, settings: BenchSettings) -> dict[str, object]:
         warm_up_engine(engine)
         runs = [run_on_engine(engine, phase, settings.progress) for _ in range(settings.runs_per_phase)]
         runs_by_label[phase.label] = runs
-        phases.append(
-            {
-                "phase": phase.label,
-                "engine_config": asdict(engine.config),
-                "metrics": phase_metrics(runs),
-                "runs": [run_record(run) for run in runs],
-            }
-        )
+        entry = {
+            "phase": phase.label,
+            "engine_config": asdict(engine.config),
+            "metrics": phase_metrics(runs),
+            "runs": [run_record(run) for run in runs],
+        }
+        if settings.profile:
+            entry["profile"] = profile_run(partial(run_on_engine, engine, phase, False), settings.device)[1]
+        phases.append(entry)
         if hasattr(engine, "shutdown"):  # tensor-parallel ranks end with their engine
             engine.shutdown()
         del engine

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from reports.bench import decode_read_bytes, phase_metrics
+from reports.bench_profile import KernelInterval, busy_time_us, kernel_kind, summarise
 from reports.bench_runners import PhaseRun, RequestRun, _step_timings_since, _step_timings_snapshot
 from reports.bench_workloads import WORKLOADS, build_workload
 from reports.model_shapes import SHAPES, build_hf_model, random_state_dict
@@ -304,3 +305,45 @@ def test_bench_refuses_what_cannot_run(monkeypatch: pytest.MonkeyPatch, capsys: 
     assert "is the engine benchmarked already" in capsys.readouterr().err
     assert main([*common, "--engine", "reference", "--block-size", "3"]) == 2
     assert "block_size must be a power of two" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- --profile
+
+
+def test_gpu_busy_time_counts_overlapping_kernels_once() -> None:
+    kernels = [
+        KernelInterval("a", 0.0, 10.0),
+        KernelInterval("b", 5.0, 12.0),  # overlaps a: only 10..12 is new
+        KernelInterval("c", 20.0, 25.0),
+        KernelInterval("d", 21.0, 22.0),  # inside c
+    ]
+    assert busy_time_us(kernels) == 17.0
+    assert busy_time_us([]) == 0.0
+
+
+def test_kernel_kinds() -> None:
+    assert kernel_kind("_decode_split_kernel") == "attention (decode)"
+    assert kernel_kind("nvjet_tst_128x64_64x4_1x2_h_bz_coopA_NTN") == "matmul"
+    assert kernel_kind("_add_rmsnorm_kernel") == "norm"
+    assert kernel_kind("void at::native::reduce_kernel<512, 1>") == "sampling and logits (reductions, sort, top-k)"
+    assert kernel_kind("something_new") == "other"
+
+
+def test_profile_summary_from_intervals() -> None:
+    run = PhaseRun(wall_s=1e-4, requests=[], step_wall_s=[5e-5, 5e-5], engine_step_timings={"num_steps": 2})
+    summary = summarise([KernelInterval("_decode_split_kernel", 0.0, 30.0), KernelInterval("gemm", 40.0, 50.0)], run)
+    assert summary["gpu_busy_s"] == pytest.approx(40e-6)
+    assert summary["gpu_busy_fraction_of_wall"] == pytest.approx(0.4)
+    assert summary["gpu_busy_s_per_step"] == pytest.approx(20e-6)
+    assert summary["kernel_time_s_by_kind"] == pytest.approx({"attention (decode)": 30e-6, "matmul": 10e-6})
+    assert [k["name"] for k in summary["top_kernels"]] == ["_decode_split_kernel", "gemm"]
+    assert summary["top_kernels"][0]["share_of_kernel_time"] == pytest.approx(0.75)
+
+
+def test_bench_profile_records_a_profile_per_phase(tmp_path: Path) -> None:
+    record = _bench(tmp_path, "decode-bs1", "--engine", "reference", "--scale", "0.05", "--repeats", "1", "--profile")
+    (phase,) = record["results"][0]["phases"]
+    profile = phase["profile"]
+    assert profile["num_steps"] == phase["runs"][0]["num_steps"]  # the profiled run did the same work
+    assert profile["num_kernels"] == 0 and profile["gpu_busy_s"] == 0.0  # the CPU has no CUDA kernels
+    assert _positive(profile["wall_s"])

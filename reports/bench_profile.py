@@ -1,0 +1,121 @@
+"""Where a benchmark run's time goes: one extra run of a phase under torch.profiler, summarised.
+
+The summary answers the questions a miss has to answer (issue: performance): how much of the
+wall time the GPU was busy (the union of every kernel's interval, so overlapping kernels count
+once), which kernels took that time (grouped by name and by kind: matmul, attention, norms, ...),
+and how the host split its time per step (the engine's own `step_timings` over the same run).
+Kernels launched from CUDA-graph replays are reported by CUPTI like any others.
+
+The profiled run is not a timed run: the profiler's own overhead lands on the host side, so its
+wall time is recorded beside the summary only to put the GPU-busy figure in proportion.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from reports.bench_runners import PhaseRun
+
+# How many kernel names the summary lists, by total device time.
+TOP_KERNELS = 30
+
+# Kernel kinds, first match wins: (kind, pattern over the kernel's name, case-insensitive).
+KERNEL_KINDS: tuple[tuple[str, str], ...] = (
+    ("attention (decode)", r"_decode_(split|reduce)_kernel"),
+    ("attention (prefill)", r"_prefill|flash|attention"),
+    ("matmul", r"gemm|nvjet|cutlass|sm90_|sm80_|_matmul_kernel|cublas"),
+    ("norm", r"rmsnorm"),
+    ("rope + qk norm", r"rope"),
+    ("kv store", r"kv_store|store_kv"),
+    ("silu_and_mul", r"silu"),
+    ("sampling and logits (reductions, sort, top-k)", r"reduce|argmax|argmin|sort|topk|scan|softmax|radix|gather"),
+    ("elementwise (torch)", r"elementwise|vectorized|unrolled|copy|fill|where|index"),
+    ("all-reduce / communication", r"nccl|all_reduce|allreduce"),
+)
+
+
+@dataclass(frozen=True)
+class KernelInterval:
+    name: str
+    start_us: float
+    end_us: float
+
+
+def profile_run(run: Callable[[], PhaseRun], device: torch.device) -> tuple[PhaseRun, dict[str, object]]:
+    """Run `run` under torch.profiler; return its PhaseRun and the summary of where its time went."""
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities, record_shapes=False, with_stack=False) as profiler:
+        phase_run = run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    kernels = [
+        KernelInterval(event.name, event.time_range.start, event.time_range.end)
+        for event in profiler.events()
+        if event.device_type == torch.autograd.DeviceType.CUDA
+    ]
+    return phase_run, summarise(kernels, phase_run)
+
+
+def summarise(kernels: list[KernelInterval], phase_run: PhaseRun) -> dict[str, object]:
+    wall_s = phase_run.wall_s
+    num_steps = len(phase_run.step_wall_s)
+    busy_s = busy_time_us(kernels) / 1e6
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for kernel in kernels:
+        by_name[kernel.name].append(kernel.end_us - kernel.start_us)
+    total_kernel_s = sum(sum(durations) for durations in by_name.values()) / 1e6
+    by_kind: dict[str, float] = defaultdict(float)
+    for name, durations in by_name.items():
+        by_kind[kernel_kind(name)] += sum(durations) / 1e6
+    top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:TOP_KERNELS]
+    return {
+        "method": "torch.profiler (CPU + CUDA activities) over one extra, untimed run of the phase; "
+        "GPU busy = union of kernel intervals",
+        "wall_s": wall_s,
+        "num_steps": num_steps,
+        "num_kernels": len(kernels),
+        "gpu_busy_s": busy_s,
+        "gpu_busy_fraction_of_wall": busy_s / wall_s if wall_s > 0 else None,
+        "gpu_idle_s": max(0.0, wall_s - busy_s),
+        "kernel_time_s_total": total_kernel_s,
+        "gpu_busy_s_per_step": busy_s / num_steps if num_steps else None,
+        "engine_step_timings": phase_run.engine_step_timings,
+        "kernel_time_s_by_kind": dict(sorted(by_kind.items(), key=lambda item: -item[1])),
+        "top_kernels": [
+            {
+                "name": name,
+                "kind": kernel_kind(name),
+                "calls": len(durations),
+                "total_s": sum(durations) / 1e6,
+                "mean_us": sum(durations) / len(durations),
+                "share_of_kernel_time": (sum(durations) / 1e6) / total_kernel_s if total_kernel_s else None,
+            }
+            for name, durations in top
+        ],
+    }
+
+
+def kernel_kind(name: str) -> str:
+    for kind, pattern in KERNEL_KINDS:
+        if re.search(pattern, name, flags=re.IGNORECASE):
+            return kind
+    return "other"
+
+
+def busy_time_us(kernels: list[KernelInterval]) -> float:
+    """Length of the union of the kernels' intervals (kernels on several streams may overlap)."""
+    total, covered_until = 0.0, float("-inf")
+    for kernel in sorted(kernels, key=lambda k: k.start_us):
+        start = max(kernel.start_us, covered_until)
+        if kernel.end_us > start:
+            total += kernel.end_us - start
+        covered_until = max(covered_until, kernel.end_us)
+    return total
