@@ -31,6 +31,19 @@ from fast.kernels.prefill_attention import prefill_attention
 # to amortise a split's fixed cost (query load, partial write) while a batch-1 decode over a
 # few thousand keys still spreads over several programs per KV head.
 DECODE_SPLIT_SIZE = 512
+# An engine that never runs more than SMALL_BATCH_MAX_SEQS sequences has few programs per split
+# (batch 1 on an 8-KV-head model: 8 per split), so its splits are shorter: on an H200 a batch-1
+# decode over a few hundred keys spent 9.4 us per layer walking one 512-key split per KV head.
+# The fp32 partial outputs grow with the split count (seqs x heads x splits x head_dim), which
+# is what the larger split saves at large batches.
+SMALL_BATCH_SPLIT_SIZE = 128
+SMALL_BATCH_MAX_SEQS = 64
+
+
+def decode_split_size(max_num_seqs: int) -> int:
+    """The decode kernel's split size for an engine of at most max_num_seqs sequences per step:
+    fixed per engine, so a token's reduction order is the same in every step of that engine."""
+    return SMALL_BATCH_SPLIT_SIZE if max_num_seqs <= SMALL_BATCH_MAX_SEQS else DECODE_SPLIT_SIZE
 
 
 @dataclass(frozen=True)
@@ -58,7 +71,7 @@ class PagedAttention:
     ) -> None:
         self.scale = float(head_dim**-0.5)
         self.max_model_len = max_model_len
-        self.split_size = DECODE_SPLIT_SIZE
+        self.split_size = decode_split_size(max_num_seqs)
         self.batch_invariant = batch_invariant
         num_splits = triton.cdiv(max_model_len, self.split_size)
         self.workspace = decode_workspace(max_num_seqs, num_heads, num_splits, head_dim, device)

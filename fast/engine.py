@@ -38,6 +38,7 @@ from spec.errors import ConfigError
 from spec.model_config import ModelConfig
 from spec.request import Request, RequestOutput, prompt_logprob_positions
 from spec.sampling import SamplingRow
+from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class FastEngine(ScheduledEngine):
         self.config = self.runner.config
         self.scheduler = Scheduler(self.config, model_config.eos_token_ids)
         self.sampler = Sampler(self.runner.max_step_seqs, model_config.vocab_size, self.device)
+        if self.device.type == "cuda":
+            self._compile_sampler()
         self.step_timings = StepTimings()
         self._execute_s = 0.0  # the current step's time in execute(), to split out scheduling time
         self._init_requests()
@@ -112,6 +115,15 @@ class FastEngine(ScheduledEngine):
             return cls(opened.config, weights, engine_config, opened.dtype, opened.device, size)
         state_dict = load_state_dict(opened.path, opened.config, opened.dtype, opened.device)
         return cls(opened.config, state_dict, engine_config, opened.dtype, opened.device, tensor_parallel_size)
+
+    def _compile_sampler(self) -> None:
+        """Sample once without and once with a filter, so that the sampling kernel's two variants are
+        compiled at start-up, not in the first step that samples (the model's kernels: ModelRunner)."""
+        logits = torch.zeros((1, self.model_config.vocab_size), dtype=torch.float32, device=self.device)
+        for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_k=1)):
+            self.sampler.set_rows([SamplingRow(params, seed=0, output_position=0)])
+            self.sampler.sample(logits)
+        torch.cuda.synchronize(self.device)
 
     # -- tensor parallelism ----------------------------------------------------------------------
 

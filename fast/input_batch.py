@@ -131,6 +131,10 @@ class InputBatch:
             host, num_tokens, num_logits, num_seqs, width
         )
         tables[:] = self.padding_block
+        if all(len(s.token_ids) == 1 and len(s.logit_offsets) == 1 for s in sequences):  # a decode step
+            self._fill_decode(sequences, tokens, positions, slots, logits, seq_lens, cu_seqlens, tables)
+            self._upload(num_tokens, num_logits, num_seqs, width)
+            return StepShape(num_tokens, num_seqs, num_logits, 1, True)
         cursor, logit_cursor = 0, 0
         cu_seqlens[0] = 0
         for index, seq in enumerate(sequences):
@@ -156,6 +160,37 @@ class InputBatch:
         cu_seqlens[num_real + 1 :] = np.arange(cursor + 1, num_tokens + 1, dtype=np.int32)
         self._upload(num_tokens, num_logits, num_seqs, width)
         return StepShape(num_tokens, num_seqs, num_logits, max(query_lens, default=0), max(query_lens, default=0) == 1)
+
+    def _fill_decode(
+        self,
+        sequences: Sequence[SequenceInput],
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        slots: np.ndarray,
+        logits: np.ndarray,
+        seq_lens: np.ndarray,
+        cu_seqlens: np.ndarray,
+        tables: np.ndarray,
+    ) -> None:
+        """The sections of a decode step (padding rows after the real ones), with one numpy write per
+        section instead of several per sequence: at 256 sequences the general loop cost ~2 ms of host
+        time per step, which the GPU waited for."""
+        num_real, num_seqs, block_size = len(sequences), len(seq_lens), self.block_size
+        starts = [seq.start for seq in sequences]
+        tokens[:num_real] = [seq.token_ids[0] for seq in sequences]
+        positions[:num_real] = starts
+        slots[:num_real] = [
+            seq.block_table[start // block_size] * block_size + start % block_size
+            for seq, start in zip(sequences, starts, strict=True)
+        ]
+        logits[:] = np.arange(num_real, dtype=np.int32)
+        seq_lens[:num_real] = starts
+        seq_lens[:num_real] += 1
+        for index, seq in enumerate(sequences):
+            tables[index, : len(seq.block_table)] = seq.block_table
+        tokens[num_real:], positions[num_real:], slots[num_real:] = 0, 0, -1
+        seq_lens[num_real:] = 1
+        cu_seqlens[:] = np.arange(num_seqs + 1, dtype=np.int32)
 
     def _check_fits(self, num_tokens: int, num_seqs: int, width: int) -> None:
         if num_tokens > self.max_num_tokens or num_seqs > self.max_num_seqs or width > self.max_blocks_per_seq:

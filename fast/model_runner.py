@@ -100,6 +100,8 @@ class ModelRunner:
         if device.type == "cuda" and self.config.enable_cuda_graphs:
             self.graphs = DecodeGraphs(self.max_step_seqs)
             self.graphs.capture(self._load_padding, self._decode_forward)
+        if device.type == "cuda":
+            self._compile_kernels()
         if self.collectives is not None:
             self._check_ranks_agree()
 
@@ -218,6 +220,30 @@ class ModelRunner:
             self.cache,
             None,
         )
+
+    @torch.inference_mode()
+    def _compile_kernels(self) -> None:
+        """Eager forwards that launch each Triton kernel with every argument pattern a step can give it.
+
+        Triton compiles one variant per pattern of its integer arguments (equal to 1, a multiple of 16,
+        other); the prefill kernel's query-block count takes all three across a workload. Compiling here,
+        at start-up, keeps a second of compilation out of the first steps that meet a new pattern. The
+        forwards use only the padding block (outside the allocator), so no request's cache is touched;
+        every rank runs them in the same order (their all-reduces meet).
+        """
+        longest = min(self.inputs.max_num_tokens, self.config.model_len)
+        middle = min(200, longest - 1)  # 200 queries: 2..13 query blocks for blocks of 16..128
+        step_lengths = [[1], [longest], [max(1, middle)]]
+        if self.max_step_seqs >= 2 and middle >= 1:
+            step_lengths.append([middle, 1])  # a mixed step: a prefill chunk beside a decode row
+        padding = self.cache.padding_block
+        for lengths in step_lengths:
+            sequences = [
+                SequenceInput([0] * length, 0, [padding] * triton.cdiv(length, self.block_size), [length - 1])
+                for length in lengths
+            ]
+            self._forward(self.inputs.load(sequences))
+        torch.cuda.synchronize(self.device)
 
     # -- memory ------------------------------------------------------------------------------------
 

@@ -5,10 +5,13 @@
     tokens = sampler.sample(logits)      # int64 [B], no host sync
     chosen, top_ids, top_values = sampler.logprobs(logits, tokens, count)
 
-Every step is one of spec.sampling's batch-wide tensor functions, so the tokens equal
-`spec.sampling.sample_tokens` on the same device. The only departures are shortcuts that give
-identical results, decided on the host from the rows (no device sync):
-* every row greedy: the argmax alone;
+Every step is one of spec.sampling's batch-wide tensor functions, or a kernel that computes the
+same numbers, so the tokens equal `spec.sampling.sample_tokens` on the same device:
+* the Gumbel-max step (scale, noise, mask, argmax) is one pass of fast.kernels.gumbel_sample
+  instead of the spec's ~20 elementwise passes over int64 hashes of every (row, token);
+The other departures are shortcuts that give identical results, decided on the host from the rows
+(no device sync):
+* every row greedy: the argmax alone; no row greedy: no argmax;
 * a filter no row uses is skipped (top-k off keeps every token since all are >= the smallest; top_p == 1 keeps every
   token by the spec's rule; min_p == 0 keeps every token since exp(.) >= 0);
 * top-k reads the k-th largest value from `torch.topk` over the largest k any row asks for, not
@@ -21,13 +24,14 @@ import enum
 
 import torch
 
+from fast.kernels.gumbel_sample import chunk_count, gumbel_sample
 from spec.sampling import (
     SamplingRow,
     SamplingTensors,
     greedy_one_hot,
     greedy_tokens,
-    gumbel_max,
     min_p_mask,
+    row_keys,
     row_temperature,
     row_top_k,
     scale_logits,
@@ -71,6 +75,12 @@ class Sampler:
         self._copy_done = torch.cuda.Event() if self.device.type == "cuda" else None
         self._num_rows = 0
         self._all_greedy = True
+        self._any_greedy = True
+        chunks = max_num_seqs * chunk_count(vocab_size)
+        self._gumbel_workspace = (
+            torch.empty(chunks, dtype=torch.float32, device=self.device),
+            torch.empty(chunks, dtype=torch.int64, device=self.device),
+        )
         self._max_top_k = vocab_size
         self._uses_top_k = False
         self._uses_top_p = False
@@ -92,6 +102,7 @@ class Sampler:
             raise ValueError(f"a batch of {count} rows does not fit a sampler of max_num_seqs {self.max_num_seqs}")
         self._num_rows = count
         self._all_greedy = all(row.params.is_greedy for row in rows)
+        self._any_greedy = any(row.params.is_greedy for row in rows)
         self._tensors = None
         if self._all_greedy:
             return
@@ -148,13 +159,17 @@ class Sampler:
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
         """int64 [B]: one token per row of fp32 logits [B, V]."""
         logits = self._check_logits(logits)
-        argmax = greedy_tokens(logits)
         if self._tensors is None:
-            return argmax
+            return greedy_tokens(logits)
         tensors = self._tensors
-        scaled = scale_logits(logits, tensors.temperature)
-        sampled = gumbel_max(scaled, self._filter_mask(scaled), tensors.seeds, tensors.positions)
-        return torch.where(tensors.is_greedy, argmax, sampled)
+        keep = self._filter_mask(scale_logits(logits, tensors.temperature)) if self._uses_filters else None
+        keys = row_keys(tensors.seeds, tensors.positions)
+        sampled = gumbel_sample(logits, tensors.temperature, keys, keep, workspace=self._gumbel_workspace)
+        return torch.where(tensors.is_greedy, greedy_tokens(logits), sampled) if self._any_greedy else sampled
+
+    @property
+    def _uses_filters(self) -> bool:
+        return self._uses_top_k or self._uses_top_p or self._uses_min_p
 
     def logprobs(
         self, logits: torch.Tensor, tokens: torch.Tensor, count: int

@@ -133,14 +133,19 @@ def hash_uniform(hashed: torch.Tensor) -> torch.Tensor:
     return (top_bits + 0.5) * (1.0 / 2**UNIFORM_BITS)  # exact: 24 significant bits, a power-of-two scale
 
 
-def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Gumbel(0, 1) noise fp32 [B, V] from the hash of (seed, output position, token id); seeds, positions int64 [B]."""
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """int64 [B] in [0, 2**32): the hash of (seed, output position) that each token id is mixed into."""
     seeds = seeds.to(torch.int64)
     seed_low = seeds & HASH_MASK
     seed_high = (seeds >> 32) & HASH_MASK
     row_key = _fmix32(seed_low ^ _fmix32(seed_high ^ SEED_SALT))
-    row_key = _fmix32(row_key ^ (positions.to(torch.int64) & HASH_MASK))  # [B]
-    token_ids = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)  # [V]
+    return _fmix32(row_key ^ (positions.to(torch.int64) & HASH_MASK))
+
+
+def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise fp32 [B, V] from the hash of (seed, output position, token id); seeds, positions int64 [B]."""
+    row_key = row_keys(seeds, positions)  # [B]
+    token_ids = torch.arange(vocab_size, device=row_key.device, dtype=torch.int64)  # [V]
     uniform = hash_uniform(_fmix32(row_key[:, None] ^ token_ids[None, :]))  # [B, V]
     return -torch.log(-torch.log(uniform))
 

@@ -14,13 +14,14 @@ Flash-decoding in two launches:
      heads that share that KV head (the GQA group, e.g. 32 q / 8 kv -> 4 heads, padded to 16
      rows so `tl.dot` runs on tensor cores). K and V of the split are read once. It writes
      the split's normalised partial output and its log-sum-exp into fp32 workspaces.
-  2. `_decode_reduce_kernel`, grid (num_seqs, num_q_heads): rescales the splits' partial
-     outputs by exp(lse_split - lse_total) and sums them.
+  2. `_decode_reduce_kernel`, grid (num_seqs, num_q_heads): rescales the sequence's splits'
+     partial outputs by exp(lse_split - lse_max), sums them and divides by the weights' sum.
 
 The number of splits comes from `max_seq_len`, a host-known bound (e.g. the model's
 maximum context), never from seq_lens' values: no device sync, and the launch shapes stay
 fixed, so the wrapper can be captured in a CUDA graph. Splits that start past a sequence's
-length do no loads and write lse = -inf, which gives them zero weight in the reduction.
+length return at once and write nothing; the reduction reads only the cdiv(seq_len, split_size)
+splits a sequence has, so neither kernel's memory traffic grows with max_seq_len.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ from fast.kernels._checks import (
 )
 
 _LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); the kernels use exp2
+# Splits the reduction reads per iteration: a [16, head_dim] fp32 tile stays in registers however
+# many splits max_seq_len allows (a 40,960-token context at 128-key splits has 320).
+_REDUCE_BLOCK_SPLITS = 16
 
 
 @triton.jit
@@ -72,6 +76,8 @@ def _decode_split_kernel(
     # Keys [split_start, split_end) of this sequence: split_size=512, seq_len=1300 ->
     # split 0: 0..511, split 1: 512..1023, split 2: 1024..1299, split 3+: empty.
     split_start = split * split_size
+    if split_start >= seq_len:
+        return  # an empty split writes nothing: the reduction reads only the sequence's own splits
     split_end = tl.minimum(split_start + split_size, seq_len)
 
     # Query rows: the group's heads kv_head*group_size + g for g < group_size; rows
@@ -120,11 +126,9 @@ def _decode_split_kernel(
         acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
         row_max = new_max
 
-    # Empty split (split_start >= seq_len): row_sum = 0 -> lse = -inf and zero output.
-    has_keys = row_sum > 0
-    safe_sum = tl.where(has_keys, row_sum, 1.0)
-    lse = tl.where(has_keys, row_max + tl.log2(safe_sum), float("-inf"))
-    partial = acc / safe_sum[:, None]
+    # Every split that gets here holds at least one key, so row_sum >= 1 (its max term is exp2(0)).
+    lse = row_max + tl.log2(row_sum)
+    partial = acc / row_sum[:, None]
 
     # Workspace index: ((seq * num_q_heads + q_head) * num_splits + split).
     num_q_heads = num_kv_heads * group_size
@@ -137,31 +141,45 @@ def _decode_split_kernel(
 def _decode_reduce_kernel(
     partial_out_ptr,
     partial_lse_ptr,
+    seq_lens_ptr,
     out_ptr,
     out_seq_stride,
     out_head_stride,
     num_q_heads,
     num_splits,
+    split_size,
     HEAD_DIM: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     q_head = tl.program_id(1)
-    splits = tl.arange(0, BLOCK_SPLITS)
-    split_valid = splits < num_splits
+    # Only the sequence's own splits were written: seq_len=1300, split_size=512 -> splits 0..2.
+    # The count never depends on max_seq_len, so a long maximum context costs nothing here.
+    num_used = tl.cdiv(tl.load(seq_lens_ptr + seq), split_size)
     base = (seq.to(tl.int64) * num_q_heads + q_head) * num_splits
-    lse = tl.load(partial_lse_ptr + base + splits, mask=split_valid, other=float("-inf"))
-    # Split 0 always holds at least one key (seq_len >= 1), so the max is finite.
-    total_max = tl.max(lse, axis=0)
-    weights = tl.exp2(lse - total_max)  # empty splits: exp2(-inf) = 0
-    weights = weights / tl.sum(weights, axis=0)
     dims = tl.arange(0, HEAD_DIM)
-    partial = tl.load(
-        partial_out_ptr + (base + splits)[:, None] * HEAD_DIM + dims[None, :], mask=split_valid[:, None], other=0.0
-    )
-    combined = tl.sum(partial * weights[:, None], axis=0)
+
+    # Pass 1: the largest split lse (split 0 always holds a key, so it is finite).
+    total_max = float("-inf")
+    for start in range(0, num_used, BLOCK_SPLITS):
+        splits = start + tl.arange(0, BLOCK_SPLITS)
+        lse = tl.load(partial_lse_ptr + base + splits, mask=splits < num_used, other=float("-inf"))
+        total_max = tl.maximum(total_max, tl.max(lse, axis=0))
+    # Pass 2: the splits' outputs weighted by exp2(lse_split - lse_max), normalised at the end.
+    combined = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    weight_sum = 0.0
+    for start in range(0, num_used, BLOCK_SPLITS):
+        splits = start + tl.arange(0, BLOCK_SPLITS)
+        used = splits < num_used
+        lse = tl.load(partial_lse_ptr + base + splits, mask=used, other=float("-inf"))
+        weights = tl.exp2(lse - total_max)  # splits past the used ones: exp2(-inf) = 0
+        partial = tl.load(
+            partial_out_ptr + (base + splits)[:, None] * HEAD_DIM + dims[None, :], mask=used[:, None], other=0.0
+        )
+        combined += tl.sum(partial * weights[:, None], axis=0)
+        weight_sum += tl.sum(weights, axis=0)
     out_offsets = seq.to(tl.int64) * out_seq_stride + q_head * out_head_stride + dims
-    tl.store(out_ptr + out_offsets, combined.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + out_offsets, (combined / weight_sum).to(out_ptr.dtype.element_ty))
 
 
 def _default_tiles(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -277,13 +295,15 @@ def decode_attention(
     _decode_reduce_kernel[(num_seqs, num_q_heads)](
         partial_out,
         partial_lse,
+        seq_lens,
         out,
         out.stride(0),
         out.stride(1),
         num_q_heads,
         num_splits,
+        split_size,
         HEAD_DIM=head_dim,
-        BLOCK_SPLITS=max(2, triton.next_power_of_2(num_splits)),
+        BLOCK_SPLITS=_REDUCE_BLOCK_SPLITS,
         num_warps=4,
     )
     return out

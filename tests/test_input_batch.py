@@ -1,0 +1,87 @@
+"""fast.input_batch: what a loaded step puts in the host buffer (and so in the device buffers).
+
+Decode steps take a shorter path than mixed ones; both are checked against the layout written out
+here from first principles, padding rows included.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from fast.input_batch import InputBatch, SequenceInput
+
+BLOCK_SIZE, PADDING_BLOCK = 16, 999
+
+
+def _batch() -> InputBatch:
+    return InputBatch(64, 8, 6, BLOCK_SIZE, PADDING_BLOCK, torch.device("cpu"))
+
+
+def _sections(batch: InputBatch, num_tokens: int, num_logits: int, num_seqs: int) -> tuple[np.ndarray, ...]:
+    return InputBatch._sections(batch.host.numpy(), num_tokens, num_logits, num_seqs, batch.table_width)
+
+
+def _expected_slot(sequence: SequenceInput, position: int) -> int:
+    return sequence.block_table[position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
+
+
+@pytest.mark.parametrize("pad_to", [None, 8])
+def test_decode_step_layout(pad_to: int | None) -> None:
+    rng = random.Random(0)
+    sequences = []
+    for index in range(5):
+        start = rng.randint(0, 90)
+        table = [rng.randint(0, 500) for _ in range(start // BLOCK_SIZE + 1)]
+        sequences.append(SequenceInput([100 + index], start, table, [0]))
+    batch = _batch()
+    shape = batch.load(sequences, pad_to=pad_to)
+    num_seqs = pad_to or len(sequences)
+    assert (shape.num_tokens, shape.num_seqs, shape.num_logit_rows, shape.max_query_len, shape.is_decode) == (
+        num_seqs,
+        num_seqs,
+        len(sequences),
+        1,
+        True,
+    )
+    tokens, positions, slots, logits, seq_lens, cu_seqlens, tables = _sections(batch, num_seqs, 5, num_seqs)
+    real = range(len(sequences))
+    assert tokens[:5].tolist() == [100 + i for i in real] and not tokens[5:].any()
+    assert positions[:5].tolist() == [s.start for s in sequences] and not positions[5:].any()
+    assert slots[:5].tolist() == [_expected_slot(s, s.start) for s in sequences]
+    assert (slots[5:] == -1).all()
+    assert logits.tolist() == list(real)
+    assert seq_lens.tolist() == [s.start + 1 for s in sequences] + [1] * (num_seqs - 5)
+    assert cu_seqlens.tolist() == list(range(num_seqs + 1))
+    for index, sequence in enumerate(sequences):
+        width = len(sequence.block_table)
+        assert tables[index, :width].tolist() == list(sequence.block_table)
+        assert (tables[index, width:] == PADDING_BLOCK).all()
+    assert (tables[5:] == PADDING_BLOCK).all()
+
+
+def test_a_decode_row_that_also_scores_is_not_a_decode_step() -> None:
+    # One token with two logit rows (a prompt position scored and the sample): the general path.
+    sequences = [SequenceInput([7], 3, [4], [0, 0]), SequenceInput([8], 20, [1, 2], [0])]
+    batch = _batch()
+    shape = batch.load(sequences)
+    assert shape.is_decode and shape.num_logit_rows == 3
+    tokens, positions, slots, logits, seq_lens, cu_seqlens, _ = _sections(batch, 2, 3, 2)
+    assert logits.tolist() == [0, 0, 1]
+    assert slots.tolist() == [4 * 16 + 3, 2 * 16 + 4]
+    assert seq_lens.tolist() == [4, 21] and cu_seqlens.tolist() == [0, 1, 2]
+
+
+def test_mixed_step_layout() -> None:
+    sequences = [SequenceInput([1, 2, 3], 14, [5, 6], [2]), SequenceInput([9], 40, [7, 8, 9], [0])]
+    batch = _batch()
+    shape = batch.load(sequences)
+    assert (shape.num_tokens, shape.num_seqs, shape.max_query_len, shape.is_decode) == (4, 2, 3, False)
+    tokens, positions, slots, logits, seq_lens, cu_seqlens, tables = _sections(batch, 4, 2, 2)
+    assert tokens.tolist() == [1, 2, 3, 9] and positions.tolist() == [14, 15, 16, 40]
+    assert slots.tolist() == [5 * 16 + 14, 5 * 16 + 15, 6 * 16 + 0, 9 * 16 + 8]
+    assert logits.tolist() == [2, 3] and seq_lens.tolist() == [17, 41] and cu_seqlens.tolist() == [0, 3, 4]
+    assert tables.tolist() == [[5, 6, PADDING_BLOCK], [7, 8, 9]]
