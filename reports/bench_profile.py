@@ -7,7 +7,8 @@ and how the host split its time per step (the engine's own `step_timings` over t
 Kernels launched from CUDA-graph replays are reported by CUPTI like any others.
 
 The profiled run is not a timed run: the profiler's own overhead lands on the host side, so its
-wall time is recorded beside the summary only to put the GPU-busy figure in proportion.
+wall time is recorded beside the summary only to put the GPU-busy figure in proportion. It runs on
+the engine that ran the timed runs, so prompts it has seen may come from the prefix cache.
 """
 
 from __future__ import annotations

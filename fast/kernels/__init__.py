@@ -6,6 +6,9 @@
     add_rmsnorm         add_rmsnorm / rmsnorm: fused residual add + RMSNorm
     qk_norm_rope        qk_norm_rope_: Qwen3 per-head q/k RMSNorm + rotate-half RoPE, in place
     silu_and_mul        silu_and_mul: SwiGLU activation of a merged gate_up projection
+    matmul              invariant_linear: the batch-invariant matmul (fixed tiles, no split-K)
+    gumbel_sample       gumbel_sample: spec.sampling's Gumbel-max step fused over the vocabulary
+    gemv                small_batch_linear / silu_mul_linear: 1-16 row linear layers (not used by the engine yet)
 
 Modules are imported on demand (nothing here imports Triton), so TRITON_INTERPRET can still be
 set before the first kernel module is loaded.

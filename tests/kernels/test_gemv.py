@@ -1,0 +1,235 @@
+"""Small-batch linear (GEMV) and its fused SiLU * up variant against torch references.
+
+CPU (Triton's interpreter, fp32 and fp16): small shapes with N not a multiple of BLOCK_N and K
+not a multiple of BLOCK_K, strided rows, `out=`, bias, both tile paths (FMA and tl.dot). GPU (bf16):
+the Qwen3-0.6B and Qwen3-8B projection shapes, determinism, and a CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fast.kernels.gemv import MAX_GEMV_ROWS, gemv_config, silu_mul_linear, small_batch_linear
+from fast.kernels.silu_and_mul import silu_and_mul
+from tests.kernels.reference import DEVICE, assert_close_scaled, poisoned_like
+from tests.kernels.strategies import CPU_DTYPES, seeded_generator
+
+# Tiles smaller than the shapes below, so several programs and several K steps run, with tails.
+SMALL_TILES = {"block_n": 8, "block_k": 64}
+N, K = 37, 200  # 37 = 4 x 8 + 5 output columns; 200 = 3 x 64 + 8 depth
+
+
+def _random(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=generator).to(dtype).to(DEVICE)
+
+
+def _strided_rows(rows: int, cols: int, dtype: torch.dtype, generator: torch.Generator, pad: int) -> torch.Tensor:
+    """[rows, cols] view of a wider buffer (row stride cols + pad), the padding filled with NaN."""
+    buffer = torch.full((rows, cols + pad), float("nan"), dtype=dtype, device=DEVICE)
+    buffer[:, :cols] = _random((rows, cols), dtype, generator)
+    return buffer[:, :cols]
+
+
+def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    expected = x.double() @ weight.double().T
+    return expected + bias.double() if bias is not None else expected
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_matches_torch(dtype: torch.dtype, rows: int, use_dot: bool) -> None:
+    generator = seeded_generator(rows)
+    x = _strided_rows(rows, K, dtype, generator, pad=24)
+    weight = _random((N, K), dtype, generator)
+    bias = _random((N,), dtype, generator)
+    out = poisoned_like(torch.empty((rows, N), dtype=dtype, device=DEVICE))
+    result = small_batch_linear(x, weight, bias, out=out, use_dot=use_dot, **SMALL_TILES)
+    assert result is out
+    assert_close_scaled(out, _reference(x, weight, bias), dtype, f"gemv rows={rows} dot={use_dot}")
+    no_bias = small_batch_linear(x, weight, use_dot=use_dot, **SMALL_TILES)
+    assert no_bias.dtype == dtype and no_bias.shape == (rows, N)
+    assert_close_scaled(no_bias, _reference(x, weight, None), dtype, f"gemv rows={rows} dot={use_dot}, no bias")
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 5, 16])
+def test_default_config(dtype: torch.dtype, rows: int) -> None:
+    """The defaults (BLOCK_K larger than K here: one masked tile), strided output rows."""
+    generator = seeded_generator(100 + rows)
+    x = _random((rows, K), dtype, generator)
+    weight = _random((N, K), dtype, generator)
+    wide = torch.full((rows, N + 3), float("nan"), dtype=dtype, device=DEVICE)
+    small_batch_linear(x, weight, out=wide[:, :N])
+    assert_close_scaled(wide[:, :N], _reference(x, weight, None), dtype, f"gemv default rows={rows}")
+    assert torch.isnan(wide[:, N:]).all(), "wrote past the output view"
+
+
+def test_even_k_and_single_column() -> None:
+    """K a multiple of BLOCK_K (the unmasked loop) and N = 1, both variants."""
+    generator = seeded_generator(7)
+    x = _random((4, 128), torch.float32, generator)
+    gate_up = _random((4, 256), torch.float32, generator)
+    for width in (1, 24):
+        weight = _random((width, 128), torch.float32, generator)
+        result = small_batch_linear(x, weight, block_n=16, block_k=32)
+        assert_close_scaled(result, _reference(x, weight, None), torch.float32, f"even K, N={width}")
+        for use_dot in (False, True):
+            tiles = {"block_n": 16, "block_k": 32, "use_dot": use_dot}
+            fused = silu_mul_linear(gate_up, weight, **tiles)
+            assert torch.equal(fused, small_batch_linear(silu_and_mul(gate_up), weight, **tiles))
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_silu_mul_matches_silu_and_mul_then_linear(dtype: torch.dtype, rows: int, use_dot: bool) -> None:
+    generator = seeded_generator(200 + rows)
+    gate_up = _strided_rows(rows, 2 * K, dtype, generator, pad=8)
+    weight = _random((N, K), dtype, generator)
+    bias = _random((N,), dtype, generator)
+    activated = silu_and_mul(gate_up)
+    out = poisoned_like(torch.empty((rows, N), dtype=dtype, device=DEVICE))
+    result = silu_mul_linear(gate_up, weight, bias, out=out, use_dot=use_dot, **SMALL_TILES)
+    assert result is out
+    assert_close_scaled(out, _reference(activated, weight, bias), dtype, f"silu_mul rows={rows} dot={use_dot}")
+    # The activation is rounded as silu_and_mul rounds it: same config, same bits.
+    unfused = small_batch_linear(activated, weight, bias, use_dot=use_dot, **SMALL_TILES)
+    assert torch.equal(out, unfused)
+
+
+def test_empty_batch() -> None:
+    weight = torch.zeros((N, K))
+    assert small_batch_linear(torch.zeros((0, K)), weight).shape == (0, N)
+    assert silu_mul_linear(torch.zeros((0, 2 * K)), weight).shape == (0, N)
+
+
+def test_default_config_choices() -> None:
+    for rows in range(1, MAX_GEMV_ROWS + 1):
+        config = gemv_config(rows, 6144, 1024, torch.bfloat16)
+        assert config.block_m >= rows and config.block_m & (config.block_m - 1) == 0
+        assert config.block_k <= 1024
+    assert gemv_config(1, 1024, 16, torch.float32).block_k == 16
+
+
+def _bad_calls() -> list[tuple[str, type[Exception], object]]:
+    x, weight = torch.zeros((2, 8)), torch.zeros((4, 8))
+    return [
+        ("too many rows", ValueError, lambda: small_batch_linear(torch.zeros((MAX_GEMV_ROWS + 1, 8)), weight)),
+        ("x 1-D", ValueError, lambda: small_batch_linear(torch.zeros(8), weight)),
+        ("weight 3-D", ValueError, lambda: small_batch_linear(x, torch.zeros((1, 4, 8)))),
+        ("K mismatch", ValueError, lambda: small_batch_linear(x, torch.zeros((4, 9)))),
+        ("dtype mismatch", TypeError, lambda: small_batch_linear(x, weight.half())),
+        ("integer x", TypeError, lambda: small_batch_linear(x.int(), weight)),
+        ("weight not contiguous", ValueError, lambda: small_batch_linear(x, torch.zeros((8, 4)).T)),
+        ("x columns strided", ValueError, lambda: small_batch_linear(torch.zeros((8, 2)).T, torch.zeros((4, 2)))),
+        ("bias shape", ValueError, lambda: small_batch_linear(x, weight, torch.zeros(5))),
+        ("bias strided", ValueError, lambda: small_batch_linear(x, weight, torch.zeros(8)[::2])),
+        ("out shape", ValueError, lambda: small_batch_linear(x, weight, out=torch.zeros((2, 5)))),
+        ("out dtype", TypeError, lambda: small_batch_linear(x, weight, out=torch.zeros((2, 4), dtype=torch.float64))),
+        ("block_n", ValueError, lambda: small_batch_linear(x, weight, block_n=6)),
+        ("block_k", ValueError, lambda: small_batch_linear(x, weight, block_k=8)),
+        ("num_warps", ValueError, lambda: small_batch_linear(x, weight, num_warps=3)),
+        ("num_stages", ValueError, lambda: small_batch_linear(x, weight, num_stages=0)),
+        ("x not a tensor", TypeError, lambda: small_batch_linear([[1.0]], weight)),
+        ("gate_up odd", ValueError, lambda: silu_mul_linear(torch.zeros((2, 9)), weight)),
+        ("gate_up half mismatch", ValueError, lambda: silu_mul_linear(torch.zeros((2, 8)), weight)),
+        ("gate_up too many rows", ValueError, lambda: silu_mul_linear(torch.zeros((17, 16)), weight)),
+    ]
+
+
+@pytest.mark.parametrize("what, error, call", _bad_calls(), ids=[case[0] for case in _bad_calls()])
+def test_bad_input(what: str, error: type[Exception], call) -> None:
+    with pytest.raises(error):
+        call()
+
+
+# ----------------------------------------------------------------------------- GPU
+
+# (N, K) of qkv, o_proj, gate_up, down: Qwen3-0.6B, then Qwen3-8B.
+GPU_SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (6144, 4096), (4096, 4096), (24576, 4096)]
+GPU_SHAPES.append((4096, 12288))
+DOWN_SHAPES = [(1024, 3072), (4096, 12288)]
+
+
+def _gpu_random(shape: tuple[int, ...], generator: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(shape, device="cuda", generator=generator) * scale).to(torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=[f"{n}x{k}" for n, k in GPU_SHAPES])
+def test_real_shapes_bf16_gpu(shape: tuple[int, int]) -> None:
+    n, k = shape
+    generator = torch.Generator(device="cuda").manual_seed(n + k)
+    weight = _gpu_random((n, k), generator, 0.02)
+    bias = _gpu_random((n,), generator)
+    for rows in (1, 2, 3, 8, 13, 16):
+        x = _gpu_random((rows, k), generator)
+        expected = x.double() @ weight.double().T
+        for use_dot in (None, False, True):
+            result = small_batch_linear(x, weight, use_dot=use_dot)
+            assert_close_scaled(result, expected, torch.bfloat16, f"{shape} rows={rows} dot={use_dot}")
+        with_bias = small_batch_linear(x, weight, bias)
+        assert_close_scaled(with_bias, expected + bias.double(), torch.bfloat16, f"{shape} rows={rows} bias")
+        # Deterministic: the same call gives the same bits.
+        assert torch.equal(small_batch_linear(x, weight, bias), with_bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", DOWN_SHAPES, ids=[f"{n}x{k}" for n, k in DOWN_SHAPES])
+def test_silu_mul_real_shapes_bf16_gpu(shape: tuple[int, int]) -> None:
+    n, k = shape
+    generator = torch.Generator(device="cuda").manual_seed(n)
+    weight = _gpu_random((n, k), generator, 0.02)
+    for rows in (1, 4, 11, 16):
+        gate_up = _gpu_random((rows, 2 * k), generator, 2.0)
+        activated = silu_and_mul(gate_up)
+        expected = activated.double() @ weight.double().T
+        default = gemv_config(rows, n, k, torch.bfloat16, silu_mul=True)
+        for use_dot in (default.use_dot, not default.use_dot):
+            config = {"block_n": default.block_n, "block_k": default.block_k, "use_dot": use_dot}
+            fused = silu_mul_linear(gate_up, weight, **config)
+            assert_close_scaled(fused, expected, torch.bfloat16, f"silu_mul {shape} rows={rows} dot={use_dot}")
+            # Same config, same bits as silu_and_mul then small_batch_linear.
+            assert torch.equal(fused, small_batch_linear(activated, weight, **config))
+        explicit = {name: value for name, value in default._asdict().items() if name != "block_m"}
+        assert torch.equal(silu_mul_linear(gate_up, weight), silu_mul_linear(gate_up, weight, **explicit))
+        baseline = torch.nn.functional.linear(activated, weight)
+        assert_close_scaled(fused, baseline.double(), torch.bfloat16, f"silu_mul {shape} rows={rows} vs cuBLAS")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_other_dtypes_gpu(dtype: torch.dtype) -> None:
+    generator = seeded_generator(3)
+    weight = _random((3000, 1000), dtype, generator)  # no multiple of 16 anywhere
+    for rows in (1, 7, 16):
+        x = _strided_rows(rows, 1000, dtype, generator, pad=5)
+        assert_close_scaled(small_batch_linear(x, weight), _reference(x, weight, None), dtype, f"{dtype} {rows}")
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_gpu() -> None:
+    """Captured once with out=; new values written into x in place are picked up on replay."""
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    weight = _gpu_random((4096, 1024), generator, 0.02)
+    down = _gpu_random((1024, 2048), generator, 0.02)
+    x = _gpu_random((4, 1024), generator)
+    gate_up = _gpu_random((4, 4096), generator)
+    out = torch.empty((4, 4096), device="cuda", dtype=torch.bfloat16)
+    down_out = torch.empty((4, 1024), device="cuda", dtype=torch.bfloat16)
+    small_batch_linear(x, weight, out=out)  # compile outside the capture
+    silu_mul_linear(gate_up, down, out=down_out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        small_batch_linear(x, weight, out=out)
+        silu_mul_linear(gate_up, down, out=down_out)
+    for _ in range(2):
+        x.copy_(_gpu_random((4, 1024), generator))
+        gate_up.copy_(_gpu_random((4, 4096), generator))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, small_batch_linear(x, weight))
+        assert torch.equal(down_out, silu_mul_linear(gate_up, down))
