@@ -167,15 +167,20 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+def json_saver(path: Path | None) -> Callable[[dict[str, object]], None]:
+    """A `save` callback that (re)writes the record as JSON to `path`; nothing when path is None."""
 
     def save(record: dict[str, object]) -> None:
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(record, indent=2) + "\n")
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=2) + "\n")
 
-    record = run_benchmark(settings, save)
+    return save
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    record = run_benchmark(settings, json_saver(args.json))
     print(summary_text(record))
     return 0
 

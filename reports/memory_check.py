@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import sys
 import threading
@@ -46,6 +45,7 @@ from typing import Protocol
 
 import torch
 
+from reports.bench import json_saver
 from reports.bench_device import environment
 from reports.bench_runners import PhaseRun, run_on_engine, warm_up_engine
 from reports.bench_workloads import Phase, Workload, build_workload
@@ -721,13 +721,7 @@ def settings_from_args(args: argparse.Namespace) -> MemoryCheckSettings:
 def run(args: argparse.Namespace) -> int:
     """0 when every check measured passed, 1 when one failed."""
     settings = settings_from_args(args)
-
-    def save(record: dict[str, object]) -> None:
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(record, indent=2) + "\n")
-
-    record = run_memory_check(settings, probe_for(settings.device), save)
+    record = run_memory_check(settings, probe_for(settings.device), json_saver(args.json))
     print(summary_text(record))
     return 1 if record["verdicts"]["passed"] is False else 0
 
