@@ -198,14 +198,15 @@ class FastEngine(ScheduledEngine):
         sampling: list[tuple[int, Request]] = []
         scored: list[tuple[int, Request, int]] = []
         logit_row = 0
-        allocator = self.scheduler.allocator
+        allocator, requests = self.scheduler.allocator, self._requests
         for chunk in plan.chunks:
-            request = self.request(chunk.request_id)
+            request = requests[chunk.request_id]
             offsets: list[int] = []
-            for position in prompt_logprob_positions(request, chunk.start, chunk.num_tokens):
-                offsets.append(position - chunk.start)
-                scored.append((logit_row, request, position + 1))
-                logit_row += 1
+            if request.params.prompt_logprobs is not None:  # else no position is scored (most requests)
+                for position in prompt_logprob_positions(request, chunk.start, chunk.num_tokens):
+                    offsets.append(position - chunk.start)
+                    scored.append((logit_row, request, position + 1))
+                    logit_row += 1
             if chunk.samples:
                 offsets.append(chunk.num_tokens - 1)
                 sampling.append((logit_row, request))
@@ -224,13 +225,20 @@ class FastEngine(ScheduledEngine):
         if not sampling:
             return {}
         requests = [request for _, request in sampling]
-        self.sampler.set_rows([SamplingRow(r.params, r.seed, len(r.output_token_ids)) for r in requests])
+        params = [request.params for request in requests]
+        self.sampler.set_batch(
+            params, [request.seed for request in requests], [len(request.output_token_ids) for request in requests]
+        )
         tokens = self.sampler.sample(logits).tolist()
-        counts = [r.params.logprobs for r in requests]
-        entries = token_logprobs(logits, tokens, counts) if any(counts) else [None] * len(requests)
+        counts = [row_params.logprobs for row_params in params]
+        if not any(counts):
+            return {
+                request.request_id: SampledToken(token, None) for request, token in zip(requests, tokens, strict=True)
+            }
+        entries = token_logprobs(logits, tokens, counts)
         return {
-            request.request_id: SampledToken(token, entry if request.params.logprobs > 0 else None)
-            for request, token, entry in zip(requests, tokens, entries, strict=True)
+            request.request_id: SampledToken(token, entry if count > 0 else None)
+            for request, token, entry, count in zip(requests, tokens, entries, counts, strict=True)
         }
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, scored: list[tuple[int, Request, int]]) -> None:

@@ -38,6 +38,7 @@ from spec.sampling import (
     top_logprobs,
     top_p_mask,
 )
+from spec.sampling_params import SamplingParams
 
 
 class _Field(enum.IntEnum):
@@ -97,22 +98,33 @@ class Sampler:
 
     def set_rows(self, rows: list[SamplingRow]) -> None:
         """Load the parameters of the next batch (row i samples logits row i)."""
-        count = len(rows)
+        self.set_batch([row.params for row in rows], [row.seed for row in rows], [row.output_position for row in rows])
+
+    def set_batch(self, params: list[SamplingParams], seeds: list[int], positions: list[int]) -> None:
+        """`set_rows` given by columns: row i's params, resolved seed and output position (the engine
+        calls this each step, so no SamplingRow is built per row)."""
+        count = len(params)
         if not 1 <= count <= self.max_num_seqs:
             raise ValueError(f"a batch of {count} rows does not fit a sampler of max_num_seqs {self.max_num_seqs}")
         self._num_rows = count
-        self._all_greedy = all(row.params.is_greedy for row in rows)
-        self._any_greedy = any(row.params.is_greedy for row in rows)
+        greedy = [row_params.is_greedy for row_params in params]
+        self._all_greedy = all(greedy)
+        self._any_greedy = any(greedy)
         self._tensors = None
         if self._all_greedy:
             return
-        sampled = [row.params for row in rows if not row.params.is_greedy]
-        top_ks = [row_top_k(params, self.vocab_size) for params in sampled]
-        self._max_top_k = max(top_ks)
-        self._uses_top_k = any(k < self.vocab_size for k in top_ks)
-        self._uses_top_p = any(params.top_p < 1.0 for params in sampled)
-        self._uses_min_p = any(params.min_p > 0.0 for params in sampled)
-        self._fill_host(rows)
+        top_ks = [row_top_k(row_params, self.vocab_size) for row_params in params]
+        # The filters are decided by the rows that sample; a greedy row's result is the argmax whatever they are.
+        if self._any_greedy:
+            sampled = [row_params for row_params, is_greedy in zip(params, greedy, strict=True) if not is_greedy]
+            sampled_top_ks = [k for k, is_greedy in zip(top_ks, greedy, strict=True) if not is_greedy]
+        else:
+            sampled, sampled_top_ks = params, top_ks
+        self._max_top_k = max(sampled_top_ks)
+        self._uses_top_k = min(sampled_top_ks) < self.vocab_size
+        self._uses_top_p = any(row_params.top_p < 1.0 for row_params in sampled)
+        self._uses_min_p = any(row_params.min_p > 0.0 for row_params in sampled)
+        self._fill_host(params, greedy, top_ks, seeds, positions)
         device_rows = self._device_buffer[:count]
         device_rows.copy_(self._host[:count], non_blocking=True)
         if self._copy_done is not None:
@@ -128,18 +140,25 @@ class Sampler:
             is_greedy=device_rows[:, _Field.GREEDY].bool(),
         )
 
-    def _fill_host(self, rows: list[SamplingRow]) -> None:
+    def _fill_host(
+        self,
+        params: list[SamplingParams],
+        greedy: list[bool],
+        top_ks: list[int],
+        seeds: list[int],
+        positions: list[int],
+    ) -> None:
         if self._copy_done is not None:
             self._copy_done.synchronize()  # normally long done: the previous step's tokens were read
-        count = len(rows)
+        count = len(params)
         ints, floats = self._host_ints, self._host_floats
-        floats[:count, 2 * _Field.TEMPERATURE] = [row_temperature(row.params) for row in rows]
-        floats[:count, 2 * _Field.TOP_P] = [row.params.top_p for row in rows]
-        floats[:count, 2 * _Field.MIN_P] = [row.params.min_p for row in rows]
-        ints[:count, _Field.TOP_K] = [row_top_k(row.params, self.vocab_size) for row in rows]
-        ints[:count, _Field.SEED] = [row.seed for row in rows]
-        ints[:count, _Field.POSITION] = [row.output_position for row in rows]
-        ints[:count, _Field.GREEDY] = [row.params.is_greedy for row in rows]
+        floats[:count, 2 * _Field.TEMPERATURE] = [row_temperature(row_params) for row_params in params]
+        floats[:count, 2 * _Field.TOP_P] = [row_params.top_p for row_params in params]
+        floats[:count, 2 * _Field.MIN_P] = [row_params.min_p for row_params in params]
+        ints[:count, _Field.TOP_K] = top_ks
+        ints[:count, _Field.SEED] = seeds
+        ints[:count, _Field.POSITION] = positions
+        ints[:count, _Field.GREEDY] = greedy
 
     def _check_logits(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.dim() != 2 or logits.shape != (self._num_rows, self.vocab_size):
@@ -164,8 +183,15 @@ class Sampler:
         tensors = self._tensors
         keep = self._filter_mask(scale_logits(logits, tensors.temperature)) if self._uses_filters else None
         keys = row_keys(tensors.seeds, tensors.positions)
-        sampled = gumbel_sample(logits, tensors.temperature, keys, keep, workspace=self._gumbel_workspace)
+        sampled = self._gumbel_max(logits, tensors.temperature, keys, keep)
         return torch.where(tensors.is_greedy, greedy_tokens(logits), sampled) if self._any_greedy else sampled
+
+    def _gumbel_max(
+        self, logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, keep: torch.Tensor | None
+    ) -> torch.Tensor:
+        """int64 [B]: the Gumbel-max step, one kernel (a method so that reports.host_overhead can time the
+        host path without it: on the CPU the kernel runs in Triton's interpreter, ~1 s a step)."""
+        return gumbel_sample(logits, temperature, keys, keep, workspace=self._gumbel_workspace)
 
     @property
     def _uses_filters(self) -> bool:

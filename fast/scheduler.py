@@ -115,10 +115,12 @@ class Scheduler:
         index = 0
         while index < len(self._running) and budget > 0:
             request = in_admission_order[index]
-            num_tokens = min(request.num_uncomputed_tokens, budget)
-            if not self._grow_or_preempt(request, request.num_computed_tokens + num_tokens, preempted):
+            # Read once: growing the table (or preempting others) does not change this request's counts.
+            computed, total = request.num_computed_tokens, request.num_tokens
+            num_tokens = min(total - computed, budget)
+            if not self._grow_or_preempt(request, computed + num_tokens, preempted):
                 break
-            chunks.append(self._chunk(request, num_tokens))
+            chunks.append(self._chunk(request.request_id, computed, num_tokens, total))
             budget -= num_tokens
             index += 1
 
@@ -132,7 +134,9 @@ class Scheduler:
                 self.waiting.popleft()
                 self._running[request.request_id] = request
                 admitted.append(request.request_id)
-                chunks.append(self._chunk(request, num_tokens))
+                chunks.append(
+                    self._chunk(request.request_id, request.num_computed_tokens, num_tokens, request.num_tokens)
+                )
                 budget -= num_tokens
         return StepPlan(chunks=tuple(chunks), preempted=tuple(preempted), admitted=tuple(admitted))
 
@@ -167,29 +171,26 @@ class Scheduler:
         self._admission[request.request_id] = (num_cached, total_tokens)
         return num_tokens
 
-    def _chunk(self, request: Request, num_tokens: int) -> ScheduledChunk:
-        self._scheduled[request.request_id] = num_tokens
-        start = request.num_computed_tokens
-        return ScheduledChunk(
-            request_id=request.request_id,
-            start=start,
-            num_tokens=num_tokens,
-            samples=start + num_tokens == request.num_tokens,
-        )
+    def _chunk(self, request_id: str, start: int, num_tokens: int, total_tokens: int) -> ScheduledChunk:
+        """Tokens [start, start + num_tokens) of a request of `total_tokens` tokens."""
+        self._scheduled[request_id] = num_tokens
+        return ScheduledChunk(request_id, start, num_tokens, start + num_tokens == total_tokens)
 
     def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
         """Apply a step's results: computed counts, prefix-cache registration, new tokens, finishes.
         `sampled` maps each sampling chunk's request id to its new token. Returns finished requests."""
         finished: list[Request] = []
+        running, tracked, allocator = self._running, self._tracked, self.allocator
+        eos_token_ids, model_len = self.eos_token_ids, self.config.model_len
         for chunk in plan.chunks:
-            request = self._running[chunk.request_id]
+            request_id = chunk.request_id
+            request = running[request_id]
             old_computed = request.num_computed_tokens
             request.advance_computed(chunk.num_tokens)
-            tokens = self._tracked[chunk.request_id].tokens
-            self.allocator.commit_tokens(chunk.request_id, tokens, old_computed, request.num_computed_tokens)
+            allocator.commit_tokens(request_id, tracked[request_id].tokens, old_computed, request.num_computed_tokens)
             if chunk.samples:
-                request.append_token(sampled[chunk.request_id])
-                reason = finish_reason(request, self.eos_token_ids, self.config.model_len)
+                request.append_token(sampled[request_id])
+                reason = finish_reason(request, eos_token_ids, model_len)
                 if reason is not None:
                     self._finish(request, reason)
                     finished.append(request)

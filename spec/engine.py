@@ -7,9 +7,8 @@ import itertools
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -61,9 +60,11 @@ class EngineFactory(Protocol):
     ) -> Engine: ...
 
 
-@dataclass(frozen=True)
-class SampledToken:
-    """What one step produced for one request: its new token and, when asked for, its logprobs."""
+class SampledToken(NamedTuple):
+    """What one step produced for one request: its new token and, when asked for, its logprobs.
+
+    A NamedTuple (immutable, like a frozen dataclass, but about twice as fast to build): an engine
+    makes one per running request every step."""
 
     token_id: int
     logprobs: TokenLogprobs | None
@@ -140,11 +141,12 @@ class ScheduledEngine(ABC):
             return []
         sampled = self.execute(plan)
         finished = self.scheduler.update(plan, {request_id: s.token_id for request_id, s in sampled.items()})
-        stepped = [self._requests[request_id] for request_id in sampled]
-        for request in stepped:
-            logprobs = sampled[request.request_id].logprobs
-            if logprobs is not None:
-                request.append_logprobs(logprobs)
+        stepped: list[Request] = []
+        for request_id, token in sampled.items():
+            request = self._requests[request_id]
+            stepped.append(request)
+            if token.logprobs is not None:
+                request.append_logprobs(token.logprobs)
         for request in finished:
             del self._requests[request.request_id]
         if self.monitor is not None:

@@ -92,6 +92,27 @@ def test_lifecycle_is_enforced() -> None:
         request.finish(FinishReason.ABORT)
 
 
+def test_output_carries_each_field() -> None:
+    # Request.output builds RequestOutput by position (it runs for every request every step).
+    from spec.request import Request, TokenLogprobs
+
+    params = SamplingParams(logprobs=1, prompt_logprobs=0)
+    request = Request("r", (1, 2, 3), params, seed=0, arrival_index=0)
+    request.admit(0)
+    entry, prompt_entry = TokenLogprobs(7, -0.5), TokenLogprobs(2, -1.5)
+    request.record_prompt_logprobs(1, prompt_entry)
+    request.append_token(7)
+    request.append_logprobs(entry)
+    request.num_cached_prompt_tokens = 16
+    request.finish(FinishReason.STOP)
+    output = request.output("seven")
+    assert output.request_id == "r" and output.prompt_token_ids == (1, 2, 3) and output.token_ids == (7,)
+    assert output.finish_reason is FinishReason.STOP and output.num_cached_prompt_tokens == 16
+    assert output.logprobs == (entry,) and output.text == "seven"
+    assert output.prompt_logprobs == (None, prompt_entry, None)
+    assert Request("q", (1,), SamplingParams(), 0, 0).output().logprobs is None
+
+
 def test_llm_text_and_token_prompts(tiny_checkpoint: Path) -> None:
     llm = LLM(
         tiny_checkpoint,

@@ -7,6 +7,7 @@ here from first principles, padding rows included.
 from __future__ import annotations
 
 import random
+from array import array
 
 import numpy as np
 import pytest
@@ -29,13 +30,19 @@ def _expected_slot(sequence: SequenceInput, position: int) -> int:
     return sequence.block_table[position // BLOCK_SIZE] * BLOCK_SIZE + position % BLOCK_SIZE
 
 
+# Block tables as the block allocator keeps them (int32 arrays, copied as raw memory), as lists, and as
+# arrays of another width (converted entry by entry, never reinterpreted).
+TABLE_KINDS = {"int32 array": lambda ids: array("i", ids), "list": list, "int64 array": lambda ids: array("q", ids)}
+
+
+@pytest.mark.parametrize("table_kind", TABLE_KINDS)
 @pytest.mark.parametrize("pad_to", [None, 8])
-def test_decode_step_layout(pad_to: int | None) -> None:
+def test_decode_step_layout(pad_to: int | None, table_kind: str) -> None:
     rng = random.Random(0)
     sequences = []
     for index in range(5):
         start = rng.randint(0, 90)
-        table = [rng.randint(0, 500) for _ in range(start // BLOCK_SIZE + 1)]
+        table = TABLE_KINDS[table_kind]([rng.randint(0, 500) for _ in range(start // BLOCK_SIZE + 1)])
         sequences.append(SequenceInput([100 + index], start, table, [0]))
     batch = _batch()
     shape = batch.load(sequences, pad_to=pad_to)
