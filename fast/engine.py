@@ -231,11 +231,7 @@ class FastEngine(ScheduledEngine):
         )
         tokens = self.sampler.sample(logits).tolist()
         counts = [row_params.logprobs for row_params in params]
-        if not any(counts):
-            return {
-                request.request_id: SampledToken(token, None) for request, token in zip(requests, tokens, strict=True)
-            }
-        entries = token_logprobs(logits, tokens, counts)
+        entries = token_logprobs(logits, tokens, counts) if any(counts) else [None] * len(requests)
         return {
             request.request_id: SampledToken(token, entry if count > 0 else None)
             for request, token, entry, count in zip(requests, tokens, entries, counts, strict=True)

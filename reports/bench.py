@@ -45,6 +45,7 @@ from reports.bench_workloads import (
 )
 from reports.model_shapes import SHAPES, ModelShape, build_hf_model, random_state_dict
 from spec.checkpoint import parse_dtype
+from spec.engine import Engine
 from spec.engine_config import DEFAULT_NUM_BLOCKS, EngineConfig
 from spec.errors import ConfigError
 from twinfer.engine_options import add_engine_arguments, given_engine_settings
@@ -217,16 +218,25 @@ def run_benchmark(
 # ----------------------------------------------------------------------------- twinfer engines
 
 
+def build_random_engine(
+    name: str, shape: ModelShape, config: EngineConfig, dtype: torch.dtype, device: torch.device, weight_seed: int
+) -> Engine:
+    """Engine `name` over the shape's random weights, drawn on the device (random_state_dict)."""
+    model_config = shape.model_config()
+    state_dict = random_state_dict(model_config, dtype, device, weight_seed)
+    engine = engine_class(name, device)(model_config, state_dict, config, dtype, device)
+    del state_dict  # the engine holds what it needs; what it does not is freed
+    return engine
+
+
 def run_engine(name: str, settings: BenchSettings) -> dict[str, object]:
     """Each phase on a fresh engine (built from random weights on the device), after a warm-up request."""
-    engine_type = engine_class(name, settings.device)
-    model_config = settings.shape.model_config()
     phases, runs_by_label = [], {}
     for phase in settings.workload.phases:
         engine_config = bench_engine_config(name, settings, phase)
-        state_dict = random_state_dict(model_config, settings.dtype, settings.device, settings.weight_seed)
-        engine = engine_type(model_config, state_dict, engine_config, settings.dtype, settings.device)
-        del state_dict  # the engine holds what it needs
+        engine = build_random_engine(
+            name, settings.shape, engine_config, settings.dtype, settings.device, settings.weight_seed
+        )
         warm_up_engine(engine)
         runs = [run_on_engine(engine, phase, settings.progress) for _ in range(settings.runs_per_phase)]
         runs_by_label[phase.label] = runs

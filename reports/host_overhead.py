@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import logging
 import math
 import os
@@ -50,6 +49,7 @@ from fast.engine import FastEngine, StepTimings
 from fast.input_batch import InputBatch, SequenceInput
 from fast.sampler import Sampler
 from fast.scheduler import Scheduler
+from reports.bench import json_saver
 from reports.bench_device import REPOSITORY_ROOT, git_commit, git_has_uncommitted_changes
 from reports.bench_runners import PhaseRun, run_on_engine, warm_up_engine
 from reports.bench_workloads import Phase, build_workload
@@ -367,9 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = HostSettings(args.scale, args.repeats, args.profile, args.sampler_vocab, args.torch_threads)
     record = measure(settings)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
+    json_saver(args.json)(record)
     print(summary_text(record))
     return 0
 

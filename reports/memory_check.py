@@ -45,11 +45,11 @@ from typing import Protocol
 
 import torch
 
-from reports.bench import json_saver
+from reports.bench import build_random_engine, json_saver
 from reports.bench_device import environment
 from reports.bench_runners import PhaseRun, run_on_engine, warm_up_engine
 from reports.bench_workloads import Phase, Workload, build_workload
-from reports.model_shapes import SHAPES, ModelShape, random_state_dict
+from reports.model_shapes import SHAPES, ModelShape
 from spec.checkpoint import parse_dtype
 from spec.engine import Engine
 from spec.engine_config import EngineConfig
@@ -426,12 +426,9 @@ class RunFigures:
 
 def build_engine(settings: MemoryCheckSettings) -> Engine:
     """The engine over random weights drawn on the device, as `twinfer bench` builds it."""
-    engine_type = engine_class(settings.engine, settings.device)
-    model_config = settings.shape.model_config()
-    state_dict = random_state_dict(model_config, settings.dtype, settings.device, settings.weight_seed)
-    engine = engine_type(model_config, state_dict, settings.engine_config, settings.dtype, settings.device)
-    del state_dict  # the engine holds what it needs; what it does not is freed (its cached segments stay)
-    return engine
+    return build_random_engine(
+        settings.engine, settings.shape, settings.engine_config, settings.dtype, settings.device, settings.weight_seed
+    )
 
 
 def measure_run(engine: Engine, phase: Phase, index: int, probe: MemoryProbe | None, progress: bool) -> RunFigures:
