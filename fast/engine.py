@@ -81,18 +81,21 @@ class FastEngine(ScheduledEngine):
         self.model_config = model_config
         self.dtype = dtype
         if config.tensor_parallel_size == 1:
-            self.runner = ModelRunner(model_config, state_dict, config, dtype, self.device)
+            runner = ModelRunner(model_config, state_dict, config, dtype, self.device)
         else:
-            self.runner, self.tensor_parallel = start_tensor_parallel(
-                model_config, state_dict, config, dtype, self.device
-            )
-            self.device = self.runner.device
+            runner, self.tensor_parallel = start_tensor_parallel(model_config, state_dict, config, dtype, self.device)
+            self.device = runner.device
             self._finalizer = weakref.finalize(self, self.tensor_parallel.shutdown)
-        self.config = self.runner.config
-        self.scheduler = Scheduler(self.config, model_config.eos_token_ids)
-        self.sampler = Sampler(self.runner.max_step_seqs, model_config.vocab_size, self.device)
+        self._attach(runner, Sampler(runner.max_step_seqs, model_config.vocab_size, self.device))
         if self.device.type == "cuda":
             self._compile_sampler()
+
+    def _attach(self, runner: ModelRunner, sampler: Sampler) -> None:
+        """The host side over a built runner: the scheduler, the sampler, step timings, the request table."""
+        self.runner = runner
+        self.config = runner.config
+        self.scheduler = Scheduler(self.config, self.model_config.eos_token_ids)
+        self.sampler = sampler
         self.step_timings = StepTimings()
         self._execute_s = 0.0  # the current step's time in execute(), to split out scheduling time
         self._init_requests()

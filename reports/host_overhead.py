@@ -45,10 +45,9 @@ from pathlib import Path
 import torch
 
 from fast.cuda_graphs import DecodeGraphs
-from fast.engine import FastEngine, StepTimings
+from fast.engine import FastEngine
 from fast.input_batch import InputBatch, SequenceInput
 from fast.sampler import Sampler
-from fast.scheduler import Scheduler
 from reports.bench import json_saver
 from reports.bench_device import REPOSITORY_ROOT, git_commit, git_has_uncommitted_changes
 from reports.bench_runners import PhaseRun, run_on_engine, warm_up_engine
@@ -121,8 +120,8 @@ class StubSampler(Sampler):
 class HostOnlyFastEngine(FastEngine):
     """FastEngine over StubRunner and StubSampler; every other method is FastEngine's own.
 
-    FastEngine.__init__ builds a ModelRunner (weights, KV pool, kernels); this sets the same
-    attributes over the stubs instead (tests/test_host_overhead.py checks that the two sets agree).
+    FastEngine.__init__ builds a ModelRunner (weights, KV pool, kernels); this attaches the host side
+    (FastEngine._attach) to the stubs instead (tests/test_host_overhead.py checks the attributes agree).
     """
 
     def __init__(
@@ -132,13 +131,8 @@ class HostOnlyFastEngine(FastEngine):
         self.device = torch.device("cpu")
         self.model_config = model_config
         self.dtype = torch.bfloat16
-        self.runner = StubRunner(model_config, engine_config, sampler_vocab)
-        self.config = self.runner.config
-        self.scheduler = Scheduler(self.config, model_config.eos_token_ids)
-        self.sampler = StubSampler(self.runner.max_step_seqs, sampler_vocab, self.device)
-        self.step_timings = StepTimings()
-        self._execute_s = 0.0
-        self._init_requests()
+        runner = StubRunner(model_config, engine_config, sampler_vocab)
+        self._attach(runner, StubSampler(runner.max_step_seqs, sampler_vocab, self.device))
 
 
 # ----------------------------------------------------------------------------- measuring
