@@ -16,6 +16,16 @@ One forward pass over a flattened batch of T tokens (prefill chunks and decode t
 
 The architectures differ only by `ModelConfig.traits` (q/k norm; which projections carry biases).
 
+Which kernel multiplies (decided once, at construction; then per call from shapes only):
+    - batch_invariant: every projection and the LM head through fast.kernels.matmul.invariant_linear.
+    - small_batch_gemv (the runner turns it on for CUDA, never with batch_invariant): the four
+      projections (qkv, o_proj, gate_up, down) of a step with T <= SMALL_BATCH_ROWS rows through
+      fast.kernels.gemv.small_batch_linear, larger steps through torch's linear (cuBLAS). The LM
+      head stays on torch's linear (its vocabulary shape was not measured; see SMALL_BATCH_ROWS).
+    - otherwise torch's linear everywhere (the default on the CPU, where Triton only interprets).
+The choice reads x.shape[0] and the weight's layout, never a tensor's values, so it needs no host
+sync and is fixed inside a captured CUDA graph (each graph has one static batch size).
+
 Under tensor parallelism (fast.weights.ShardLayout, fast.parallel.Collectives) each rank runs the
 same pass over its shard: its heads in qkv and attention, its intermediate rows in gate_up; the
 row-parallel o_proj and down products are summed by one all-reduce each, their bias added once
@@ -31,6 +41,7 @@ from torch.nn import functional
 
 from fast.attention import StepAttention
 from fast.kernels.add_rmsnorm import add_rmsnorm, rmsnorm
+from fast.kernels.gemv import MAX_GEMV_ROWS, small_batch_linear
 from fast.kernels.kv_store import store_kv
 from fast.kernels.matmul import invariant_linear
 from fast.kernels.qk_norm_rope import qk_norm_rope_
@@ -40,6 +51,34 @@ from fast.parallel import Collectives
 from fast.weights import LayerWeights, ModelWeights, ShardLayout
 from spec.model_config import ModelConfig
 from spec.rope import cos_sin_cache
+
+# Steps of at most this many rows run their projections through small_batch_linear (when the model's
+# small_batch_gemv is on). From reports/results/kernels/gemv_dev/gemv_bench.json (one H200, bf16,
+# back-to-back calls in a CUDA graph, weights from HBM), one layer's qkv + o_proj + gate_up + down
+# in us, cuBLAS -> small_batch_linear (default configuration), at M = 1, 2, 4, 8, 16 rows:
+#     Qwen3-0.6B  30.2 -> 18.0,  30.6 -> 20.6,  26.1 -> 22.8,  23.8 -> 21.8,  24.0 -> 22.3
+#     Qwen3-8B   106.6 -> 105.9, 107.9 -> 103.7, 107.3 -> 108.3, 111.9 -> 104.2, 107.0 -> 105.9
+# so the GEMV is faster per layer at every measured row count up to the kernel's limit of 16, except
+# 8B at M=4 (1% slower, within one run's spread; the largest single loss is 8B qkv at M=4, 0.93x).
+# Rows 9..15 were not measured; they use the same BLOCK_M=16 tiles as M=16 (the weight is read once
+# whatever M is). Decode graphs are captured at 1, 2, 4, 8, 16, 24, ..., so a graphed decode step
+# meets only measured sizes. The silu_mul_linear fusion is not used: it was slower at every M.
+SMALL_BATCH_ROWS = MAX_GEMV_ROWS
+
+
+def small_batch_dispatch_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ weight^T (+ bias): small_batch_linear for decode-sized x, torch's linear (cuBLAS) otherwise.
+
+    Decided from x's row count and the weight's layout only (no host sync, nothing read from a
+    tensor's values), so the choice is static inside a captured CUDA graph.
+    """
+    # The GEMV needs a contiguous weight; the packed weights always are (fast.weights), but a
+    # strided one from a caller's state dict still gets a correct product from torch.
+    if x.shape[0] <= SMALL_BATCH_ROWS and weight.is_contiguous():
+        return small_batch_linear(x, weight, bias)
+    return functional.linear(x, weight, bias)
 
 
 class FastCausalLM:
@@ -52,14 +91,32 @@ class FastCausalLM:
         batch_invariant: bool = False,
         layout: ShardLayout | None = None,
         collectives: Collectives | None = None,
+        *,
+        small_batch_gemv: bool = False,
     ) -> None:
+        """small_batch_gemv: projections of steps of <= SMALL_BATCH_ROWS rows through the GEMV kernel
+        (fast.model_runner turns it on for CUDA; on the CPU Triton only interprets, so it is off
+        there unless a test forces it). Not with batch_invariant: the GEMV's reduction order
+        depends on the row count."""
         layout = layout if layout is not None else ShardLayout.single(config)
         if layout.is_sharded != (collectives is not None):
             raise ValueError("a sharded layout needs collectives, and only a sharded one")
+        if batch_invariant and small_batch_gemv:
+            raise ValueError("small_batch_gemv is not batch-invariant; it cannot be combined with batch_invariant")
         self.config = config
+        self.small_batch_gemv = small_batch_gemv
         # Batch-invariant mode: every projection and the LM head through our fixed-order matmul
         # (a vendor GEMM picks its reduction order from the number of rows).
-        self.linear = invariant_linear if batch_invariant else functional.linear
+        if batch_invariant:
+            self.linear = invariant_linear
+        elif small_batch_gemv:
+            self.linear = small_batch_dispatch_linear
+        else:
+            self.linear = functional.linear
+        # The LM head never takes the GEMV: its vocabulary shapes (N=151936 by K=1024 at Qwen3-0.6B,
+        # K=4096 at 8B; 0.3-1.2 GB in bf16) were not in gemv_bench.json, so it keeps cuBLAS until
+        # a measurement says the GEMV is faster there.
+        self.head_linear = invariant_linear if batch_invariant else functional.linear
         self.weights = weights
         self.eps = float(config.rms_norm_eps)
         self.num_heads = layout.num_heads  # this rank's
@@ -67,7 +124,8 @@ class FastCausalLM:
         self.head_dim = config.head_dim
         self.layout = layout
         self.collectives = collectives
-        # o_proj and down: a plain linear for one rank (nothing added to its per-layer cost).
+        # o_proj and down: a plain linear for one rank (nothing added to its per-layer cost); the
+        # sharded path calls the same self.linear, so a rank's partial product takes the GEMV too.
         self._row_parallel = self.linear if collectives is None else self._sharded_row_parallel
         # fp32 [max_positions, head_dim]: cos | sin halves, RoPE scaling and attention factor applied.
         self.cos_sin = cos_sin_cache(config, max_positions).to(device)
@@ -92,7 +150,7 @@ class FastCausalLM:
         if logit_indices is not None:
             hidden, residual = hidden[logit_indices], residual[logit_indices] if residual is not None else None
         normed, _ = add_rmsnorm(hidden, residual, self.weights.final_norm, self.eps)
-        logits = self.linear(normed, self.weights.lm_head)
+        logits = self.head_linear(normed, self.weights.lm_head)
         if self.collectives is not None:
             logits = self.collectives.gather_vocab(logits)
         return logits.to(torch.float32)

@@ -28,7 +28,7 @@ from fast.attention import PagedAttention, StepMetadata
 from fast.cuda_graphs import DecodeGraphs
 from fast.input_batch import InputBatch, SequenceInput, StepShape
 from fast.kv_cache import KVCache
-from fast.model import FastCausalLM
+from fast.model import SMALL_BATCH_ROWS, FastCausalLM
 from fast.parallel import Collectives, ProcessGroups, StepChannel, StepCommand, StepHeader, TensorParallelError
 from fast.sharded_loading import WeightSource
 from fast.weights import ModelWeights, ShardLayout, pack_weights
@@ -37,6 +37,15 @@ from spec.errors import ConfigError
 from spec.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
+
+
+def small_batch_gemv_enabled(device: torch.device, batch_invariant: bool) -> bool:
+    """Whether the model runs decode-sized projections through the GEMV kernel (fast.model).
+
+    On CUDA only (on the CPU Triton interprets each program in Python, far slower than torch's
+    matmul), and never in batch-invariant mode (the GEMV's reduction order depends on the rows).
+    """
+    return device.type == "cuda" and not batch_invariant
 
 
 class ModelRunner:
@@ -75,6 +84,7 @@ class ModelRunner:
             settings.batch_invariant,
             self.layout,
             self.collectives,
+            small_batch_gemv=small_batch_gemv_enabled(device, settings.batch_invariant),
         )
         self.attention = PagedAttention(
             self.layout.num_heads,
@@ -236,6 +246,8 @@ class ModelRunner:
         step_lengths = [[1], [longest], [max(1, middle)]]
         if self.max_step_seqs >= 2 and middle >= 1:
             step_lengths.append([middle, 1])  # a mixed step: a prefill chunk beside a decode row
+        if self.model.small_batch_gemv:
+            step_lengths.extend(self._small_batch_steps(longest))
         padding = self.cache.padding_block
         for lengths in step_lengths:
             sequences = [
@@ -244,6 +256,26 @@ class ModelRunner:
             ]
             self._forward(self.inputs.load(sequences))
         torch.cuda.synchronize(self.device)
+
+    def _small_batch_steps(self, longest: int) -> list[list[int]]:
+        """Steps of 2..SMALL_BATCH_ROWS tokens, so every GEMV variant an eager step can meet is compiled.
+
+        small_batch_linear compiles one variant per row tile (BLOCK_M = 1, 2, 4, 8, 16) and per
+        Triton specialisation of the row count (1, a multiple of 16, other), for each projection
+        shape. Graph capture compiles the graph sizes (DecodeGraphs.capture runs each size's forward
+        eagerly before capturing it), but an eager step (a short prompt alone, or every decode step
+        with CUDA graphs off) may bring any row count up to the limit: every count is run here
+        (a few milliseconds each once compiled, rather than reasoning about which ones share a
+        variant). Decode-shaped (one token per sequence, as eager decode runs them) where the step
+        holds that many sequences, else one prefill chunk of that many tokens.
+        """
+        steps = []
+        for rows in range(2, SMALL_BATCH_ROWS + 1):
+            if rows <= self.max_step_seqs:
+                steps.append([1] * rows)
+            elif rows <= longest:
+                steps.append([rows])
+        return steps
 
     # -- memory ------------------------------------------------------------------------------------
 

@@ -212,11 +212,18 @@ class TensorParallelRuntime:
             except Exception:
                 logger.warning("could not send stop to the tensor-parallel ranks", exc_info=True)
                 healthy = False
+        if healthy:
+            # On stop every other rank destroys its groups at once. NCCL's communicator teardown can wait
+            # for its peers (torch shuts communicators down in a fixed order for that reason), so rank 0
+            # destroys its own now, beside them: waiting for the workers to exit first deadlocked on two
+            # H200s (each side waited for the other) until a timeout killed the run.
+            healthy = _finished_within(self.groups.destroy, STOP_TIMEOUT_S, "destroying the process groups")
         if self.workers is not None:
             self.workers.stop(STOP_TIMEOUT_S if healthy else 0.0)
         if not healthy:
             self.groups.abort()
-        self.groups.destroy()
+            self.groups.destroy()
+        logger.info("tensor-parallel ranks stopped (%s)", "cleanly" if healthy else "after an abort")
 
     def describe(self) -> dict[str, object]:
         return {"launch": self.launch}
@@ -321,6 +328,29 @@ class WorkerProcesses:
                 process.join(5.0)
         self.reports.close()
         self.reports.cancel_join_thread()
+
+
+def _finished_within(action, timeout_s: float, what: str) -> bool:  # action: Callable[[], None]
+    """Run action in a daemon thread; False (logged) if it raised or is still running after timeout_s,
+    so that a teardown blocked in a communication library cannot hang the caller."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as error:  # reported below; the caller falls back to an abort
+            failed.append(error)
+
+    thread = threading.Thread(target=run, name="twinfer-tp-teardown", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        logger.warning("%s did not finish in %.0f s; aborting instead", what, timeout_s)
+        return False
+    if failed:
+        logger.warning("%s failed: %s", what, failed[0])
+        return False
+    return True
 
 
 def _exit_description(exitcode: int) -> str:

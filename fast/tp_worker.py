@@ -77,7 +77,9 @@ def serve_rank(rank: int, device: torch.device, spec: WorkerSpec) -> None:
     spec.weights.release()
     logger.info("tensor-parallel rank %d of %d ready on %s", rank, spec.world_size, device)
     runner.serve()
+    logger.info("tensor-parallel rank %d: stop received", rank)
     groups.destroy()
+    logger.info("tensor-parallel rank %d: process groups destroyed", rank)
 
 
 def spawned_worker_main(rank: int, spec: WorkerSpec, reports: Any) -> None:
@@ -92,6 +94,12 @@ def spawned_worker_main(rank: int, spec: WorkerSpec, reports: Any) -> None:
         reports.join_thread()  # the report must reach rank 0 before the process goes
         # Leave at once: a broken process group can block in the destructors of a normal exit.
         os._exit(1)
+    # Stopped cleanly, groups destroyed. Leave without the interpreter's teardown too: destructors of
+    # captured CUDA graphs and symmetric memory at exit have nothing left to do but could wait on peers.
+    reports.close()
+    reports.join_thread()
+    logging.shutdown()
+    os._exit(0)
 
 
 def _exit_when_parent_exits() -> None:

@@ -8,7 +8,7 @@
     silu_and_mul        silu_and_mul: SwiGLU activation of a merged gate_up projection
     matmul              invariant_linear: the batch-invariant matmul (fixed tiles, no split-K)
     gumbel_sample       gumbel_sample: spec.sampling's Gumbel-max step fused over the vocabulary
-    gemv                small_batch_linear / silu_mul_linear: 1-16 row linear layers (not used by the engine yet)
+    gemv                small_batch_linear / silu_mul_linear: 1-16 row linear layers (decode-sized projections on CUDA)
 
 Modules are imported on demand (nothing here imports Triton), so TRITON_INTERPRET can still be
 set before the first kernel module is loaded.

@@ -1,0 +1,218 @@
+"""The fast model's small-batch GEMV dispatch: decode-sized projections through small_batch_linear.
+
+On the CPU the runner leaves the GEMV off (Triton only interprets there); these tests force it on
+by giving the runner CUDA's decision (fast.model_runner.small_batch_gemv_enabled with a CUDA
+device), then check, on the tiny fp32 Qwen3 through Triton's interpreter:
+- logits within 1e-4 of the dispatch off, for steps of 5, 3 and 1 rows, and the same greedy tokens;
+- which calls take the GEMV: the four projections of steps of <= SMALL_BATCH_ROWS rows, never the
+  LM head, nothing in a larger step (spies, so removing the wiring fails a test);
+- batch-invariant mode never takes it.
+The model's GEMV calls run with wider output tiles than the defaults (BLOCK_N=64: a few programs per
+projection instead of N/2), as the interpreter's time grows with the number of programs; the default
+configurations are checked against torch in tests/kernels/test_gemv.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import pytest
+import torch
+
+import fast.model
+import fast.model_runner
+from fast.engine import FastEngine
+from fast.input_batch import SequenceInput
+from fast.model import SMALL_BATCH_ROWS, FastCausalLM, small_batch_dispatch_linear
+from fast.model_runner import ModelRunner, small_batch_gemv_enabled
+from fast.weights import pack_weights
+from spec.engine_config import EngineConfig
+from spec.sampling_params import SamplingParams
+
+BLOCK_SIZE = 8
+CPU = torch.device("cpu")
+# Small enough to build in milliseconds; 4 sequences so a decode step can have several rows.
+SETTINGS = {"block_size": BLOCK_SIZE, "num_blocks": 16, "max_num_seqs": 4, "max_model_len": 64}
+
+Calls = list[tuple[str, int, tuple[int, ...]]]  # (kernel, rows of x, weight shape)
+
+
+def _as_on_cuda(device: torch.device, batch_invariant: bool) -> bool:
+    """The runner's decision as it is made for a CUDA device (the runner itself stays on the CPU)."""
+    return small_batch_gemv_enabled(torch.device("cuda"), batch_invariant)
+
+
+@pytest.fixture
+def gemv_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast.model_runner, "small_batch_gemv_enabled", _as_on_cuda)
+
+
+@pytest.fixture
+def wide_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model's GEMV calls with BLOCK_N=64 (>= every N of the tiny model's projections: 64..256)."""
+    monkeypatch.setattr(fast.model, "small_batch_linear", partial(fast.model.small_batch_linear, block_n=64))
+
+
+@pytest.fixture
+def spy(wide_tiles: None, monkeypatch: pytest.MonkeyPatch) -> Calls:
+    """Records every small_batch_linear and torch linear call the model makes (set before a model
+    is built: the LM head and the GEMV-off model bind torch's linear at construction)."""
+    calls: Calls = []
+
+    def recording(name: str, function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def wrapper(x: torch.Tensor, weight: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+            calls.append((name, x.shape[0], tuple(weight.shape)))
+            return function(x, weight, *args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(fast.model, "small_batch_linear", recording("gemv", fast.model.small_batch_linear))
+    monkeypatch.setattr(torch.nn.functional, "linear", recording("linear", torch.nn.functional.linear))
+    monkeypatch.setattr(fast.model, "invariant_linear", recording("invariant", fast.model.invariant_linear))
+    return calls
+
+
+def _runner(tiny_weights, **settings: object) -> ModelRunner:
+    config, state_dict = tiny_weights
+    return ModelRunner(config, state_dict, EngineConfig(**(SETTINGS | settings)), torch.float32, CPU)  # type: ignore[arg-type]
+
+
+def _prefill(lengths: list[int]) -> list[SequenceInput]:
+    """One prompt per length, every position's logits wanted; sequence i in blocks [2i, 2i + 1]."""
+    return [
+        SequenceInput([(7 * i + 3 * t) % 384 for t in range(n)], 0, [2 * i, 2 * i + 1], list(range(n)))
+        for i, n in enumerate(lengths)
+    ]
+
+
+def _decode(lengths: list[int], token: int = 5) -> list[SequenceInput]:
+    """One more token for each prompt of _prefill(lengths) (lengths: each one's tokens so far)."""
+    return [SequenceInput([11 * i + token], n, [2 * i, 2 * i + 1], [0]) for i, n in enumerate(lengths)]
+
+
+STEP_ROWS = (5, 3, 1)
+
+
+def _steps(runner: ModelRunner) -> list[torch.Tensor]:
+    """Logits of a 5-row prefill (3 prompts), a 3-row decode step over them, then a 1-row one."""
+    return [
+        runner.run(_prefill([1, 2, 2])),
+        runner.run(_decode([1, 2, 2])),
+        runner.run(_decode([2], token=6)),
+    ]
+
+
+def _projection_shapes(runner: ModelRunner) -> list[tuple[int, ...]]:
+    """Weight shapes of the calls one forward makes: per layer qkv, o_proj, gate_up, down."""
+    shapes = []
+    for layer in runner.model.weights.layers:
+        shapes += [tuple(w.shape) for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    return shapes
+
+
+def test_runner_decision() -> None:
+    assert small_batch_gemv_enabled(torch.device("cuda"), batch_invariant=False)
+    assert not small_batch_gemv_enabled(torch.device("cuda"), batch_invariant=True)
+    assert not small_batch_gemv_enabled(CPU, batch_invariant=False)
+
+
+def test_off_on_the_cpu_by_default(tiny_weights) -> None:
+    assert not _runner(tiny_weights).model.small_batch_gemv
+
+
+def test_logits_match_the_dispatch_off(tiny_weights, wide_tiles: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    baseline = _steps(_runner(tiny_weights))
+    monkeypatch.setattr(fast.model_runner, "small_batch_gemv_enabled", _as_on_cuda)
+    runner = _runner(tiny_weights)
+    assert runner.model.small_batch_gemv
+    for rows, (got, expected) in zip(STEP_ROWS, zip(_steps(runner), baseline, strict=True), strict=True):
+        assert got.shape == expected.shape and got.shape[0] == rows
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-4, msg=lambda m, r=rows: f"{r} rows: {m}")
+
+
+def test_greedy_tokens_match_the_dispatch_off(tiny_weights, wide_tiles: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, state_dict = tiny_weights
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+
+    def generate() -> tuple[list[list[int]], bool]:
+        engine = FastEngine(config, state_dict, EngineConfig(**SETTINGS), torch.float32, CPU)  # type: ignore[arg-type]
+        return [list(o.token_ids) for o in engine.generate(prompts, params)], engine.runner.model.small_batch_gemv
+
+    baseline, baseline_gemv = generate()
+    monkeypatch.setattr(fast.model_runner, "small_batch_gemv_enabled", _as_on_cuda)
+    tokens, gemv = generate()
+    assert (baseline_gemv, gemv) == (False, True)
+    assert tokens == baseline and all(len(t) == 3 for t in tokens)
+
+
+@pytest.mark.parametrize("rows", [1, 3, SMALL_BATCH_ROWS])
+def test_decode_sized_steps_take_the_gemv(tiny_weights, gemv_forced: None, spy: Calls, rows: int) -> None:
+    runner = _runner(tiny_weights)
+    spy.clear()
+    runner.run([SequenceInput(list(range(rows)), 0, [0, 1], [rows - 1])])
+    # The projections through the GEMV at the step's rows, in order; the LM head (1 logit row) on torch.
+    assert spy[:-1] == [("gemv", rows, shape) for shape in _projection_shapes(runner)]
+    assert spy[-1] == ("linear", 1, tuple(runner.model.weights.lm_head.shape))
+
+
+def test_larger_steps_and_the_lm_head_stay_on_torch(tiny_weights, gemv_forced: None, spy: Calls) -> None:
+    runner = _runner(tiny_weights)
+    rows = SMALL_BATCH_ROWS + 1
+    spy.clear()
+    logits = runner.run([SequenceInput(list(range(rows)), 0, [0, 1, 2], list(range(rows)))])
+    assert logits.shape[0] == rows
+    head = tuple(runner.model.weights.lm_head.shape)
+    assert spy == [("linear", rows, shape) for shape in _projection_shapes(runner)] + [("linear", rows, head)]
+
+
+def test_batch_invariant_never_takes_the_gemv(tiny_weights, gemv_forced: None, spy: Calls) -> None:
+    runner = _runner(tiny_weights, batch_invariant=True)
+    assert not runner.model.small_batch_gemv
+    spy.clear()
+    runner.run(_prefill([1]))
+    assert spy and {name for name, _, _ in spy} == {"invariant"}
+
+
+def test_batch_invariant_refuses_the_gemv(tiny_weights) -> None:
+    config, state_dict = tiny_weights
+    weights = pack_weights(config, state_dict, torch.float32, CPU)
+    with pytest.raises(ValueError, match="not batch-invariant"):
+        FastCausalLM(config, weights, 64, CPU, batch_invariant=True, small_batch_gemv=True)
+
+
+@contextmanager
+def _no_gemv(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with monkeypatch.context() as patch:
+        patch.setattr(fast.model, "small_batch_linear", lambda *a, **k: pytest.fail("took the GEMV"))
+        yield
+
+
+def test_dispatch_rule(spy: Calls, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows <= SMALL_BATCH_ROWS with a contiguous weight: the GEMV; otherwise torch (same values)."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(24, 40, generator=generator)
+    bias = torch.randn(24, generator=generator)
+    for rows, expected in ((1, "gemv"), (SMALL_BATCH_ROWS, "gemv"), (SMALL_BATCH_ROWS + 1, "linear")):
+        x = torch.randn(rows, 40, generator=generator)
+        spy.clear()
+        out = small_batch_dispatch_linear(x, weight, bias)
+        assert [name for name, _, _ in spy] == [expected]
+        torch.testing.assert_close(out, x @ weight.T + bias, rtol=0, atol=1e-4)
+    strided = torch.randn(40, 24, generator=generator).T  # [24, 40], not contiguous
+    with _no_gemv(monkeypatch):
+        x = torch.randn(1, 40, generator=generator)
+        torch.testing.assert_close(small_batch_dispatch_linear(x, strided), x @ strided.T, rtol=0, atol=1e-4)
+
+
+def test_compile_steps_cover_every_gemv_row_count(tiny_weights, gemv_forced: None) -> None:
+    """The start-up forwards (_compile_kernels, CUDA only) include a step of every row count 2..16:
+    decode-shaped up to max_num_seqs (4 here), then one prefill chunk."""
+    runner = _runner(tiny_weights)
+    steps = runner._small_batch_steps(longest=12)
+    assert steps == [[1] * n for n in range(2, 5)] + [[n] for n in range(5, 13)]
+    assert _runner(tiny_weights, max_num_seqs=SMALL_BATCH_ROWS)._small_batch_steps(64) == [
+        [1] * n for n in range(2, SMALL_BATCH_ROWS + 1)
+    ]
