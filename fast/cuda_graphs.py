@@ -69,6 +69,16 @@ class DecodeGraphs:
             self._graphs[size] = graph
         torch.cuda.synchronize()
 
+    def release(self) -> None:
+        """Destroy every captured graph (the caller has synchronised or given up on the device). Under
+        tensor parallelism this must come before the process groups go: a graph that captured an NCCL
+        collective holds a reference on the communicator until it is destroyed, and NCCL's destroy and
+        abort wait for those references (pytorch#115388; on two H200s the shutdown hung forever)."""
+        for graph in self._graphs.values():
+            graph.reset()
+        self._graphs.clear()
+        self._outputs.clear()
+
     def replay(self, size: int) -> torch.Tensor:
         """Logits [size, vocab] of the captured step, computed from the inputs' current contents."""
         self._graphs[size].replay()

@@ -197,6 +197,17 @@ class ModelRunner:
                     StepShape(header.num_tokens, header.num_seqs, header.num_logit_rows, header.max_query_len, decode)
                 )
 
+    def release_graphs(self, synchronize: bool = True) -> None:
+        """Destroy the decode graphs (before tensor parallelism's process groups are destroyed: see
+        DecodeGraphs.release). Decode steps run eagerly afterwards. Without synchronize (a rank has
+        failed, and the device may be waiting for it) the graphs go without waiting for the GPU."""
+        if self.graphs is None:
+            return
+        if synchronize:
+            torch.cuda.synchronize(self.device)
+        self.graphs.release()
+        self.graphs = None
+
     def describe_parallel(self) -> dict[str, object]:
         """Tensor-parallel facts for records: the size, and which all-reduce paths were set up and issued."""
         if self.collectives is None:

@@ -28,7 +28,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -117,6 +117,7 @@ def start_tensor_parallel(
             runtime.abandon()
             raise
         raise runtime.failure(error) from error
+    runtime.release_before_teardown = runner.release_graphs
     return runner, runtime
 
 
@@ -146,6 +147,8 @@ class TensorParallelRuntime:
         self.workers = workers
         self.launch = "spawn" if workers is not None else "torchrun"
         self._failure: str | None = None  # set by the watchdog thread
+        # Rank 0's runner's release_graphs: called before the groups are torn down (DecodeGraphs.release).
+        self.release_before_teardown: Callable[[bool], None] | None = None
         self._broken = False
         self._closed = False
         if workers is not None:
@@ -206,6 +209,7 @@ class TensorParallelRuntime:
         if self.workers is not None:
             self.workers.stopping.set()  # deaths from here on are expected
         healthy = self._failure is None and not self._broken
+        self._release_graphs(synchronize=healthy)
         if healthy:
             try:
                 StepChannel(self.groups).send_stop()
@@ -220,10 +224,18 @@ class TensorParallelRuntime:
             healthy = _finished_within(self.groups.destroy, STOP_TIMEOUT_S, "destroying the process groups")
         if self.workers is not None:
             self.workers.stop(STOP_TIMEOUT_S if healthy else 0.0)
-        if not healthy:
-            self.groups.abort()
+        if not healthy and _finished_within(self.groups.abort, STOP_TIMEOUT_S, "aborting the process groups"):
             self.groups.destroy()
         logger.info("tensor-parallel ranks stopped (%s)", "cleanly" if healthy else "after an abort")
+
+    def _release_graphs(self, synchronize: bool) -> None:
+        release, self.release_before_teardown = self.release_before_teardown, None
+        if release is None:
+            return
+        try:
+            release(synchronize)
+        except Exception:  # a failed device: the abort below still ends the ranks
+            logger.warning("could not release rank 0's CUDA graphs", exc_info=True)
 
     def describe(self) -> dict[str, object]:
         return {"launch": self.launch}

@@ -78,6 +78,7 @@ def serve_rank(rank: int, device: torch.device, spec: WorkerSpec) -> None:
     logger.info("tensor-parallel rank %d of %d ready on %s", rank, spec.world_size, device)
     runner.serve()
     logger.info("tensor-parallel rank %d: stop received", rank)
+    runner.release_graphs()  # before the groups: captured NCCL collectives pin the communicator
     groups.destroy()
     logger.info("tensor-parallel rank %d: process groups destroyed", rank)
 

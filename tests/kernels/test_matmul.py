@@ -1,5 +1,6 @@
 """Batch-invariant matmul: matches a float64 reference, and a row's result is bitwise the same
-whatever the other rows are and however many there are."""
+whatever the other rows are and however many there are, with the default tiles and with
+overridden ones (row counts below, at and above BLOCK_M; N and K not multiples of the tiles)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,51 @@ import pytest
 import torch
 from hypothesis import given
 
-from fast.kernels.matmul import invariant_linear
+from fast.kernels.matmul import MatmulConfig, invariant_linear, matmul_config, matmul_tiles
 from tests.kernels.reference import DEVICE, assert_close_scaled
 from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
+
+# Overrides small enough for the interpreter to cross several tiles on tiny shapes. The last two
+# change only the program order (GROUP_M 0: row tiles fastest; 1: column tiles fastest).
+SMALL_CONFIGS = [
+    {"block_m": 16, "block_n": 16, "block_k": 16, "group_m": 2},
+    {"block_m": 32, "block_n": 16, "block_k": 32, "num_warps": 2, "num_stages": 2, "group_m": 0},
+    {"block_m": 16, "block_n": 32, "block_k": 16, "group_m": 1},
+]
 
 
 def _random(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(shape, generator=generator).to(dtype).to(DEVICE)
 
 
+def _strided_rows(rows: int, cols: int, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """[rows, cols] whose rows are `cols + 8` elements apart (a view into a wider buffer)."""
+    return _random((rows, cols + 8), dtype, generator)[:, :cols]
+
+
+def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.double() @ weight.double().T + (bias.double() if bias is not None else 0)
+
+
+def _assert_rows_invariant(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, row_counts: list[int], config: dict
+) -> torch.Tensor:
+    """The result of every prefix x[:m] and of slices from the middle equals the same rows of the
+    result of all of x, bit for bit. Returns the full result."""
+    full = invariant_linear(x, weight, bias, **config)
+    for m in row_counts:
+        assert torch.equal(invariant_linear(x[:m], weight, bias, **config), full[:m]), (m, config)
+    total = x.shape[0]
+    for start, stop in [(total // 2, total // 2 + 1), (total // 3, total - 1), (1, total)]:
+        part = invariant_linear(x[start:stop], weight, bias, **config)
+        assert torch.equal(part, full[start:stop]), (start, stop, config)
+    return full
+
+
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @kernel_settings(cpu_examples=10)
 @given(
-    rows=st.integers(1, 40),
+    rows=st.integers(1, 150),
     width=st.sampled_from([16, 48, 80]),
     depth=st.sampled_from([16, 40, 136]),
     bias=st.booleans(),
@@ -30,8 +63,29 @@ def test_matmul_matches_reference(dtype: torch.dtype, rows: int, width: int, dep
     generator = seeded_generator(seed)
     x, weight = _random((rows, depth), dtype, generator), _random((width, depth), dtype, generator)
     b = _random((width,), dtype, generator) if bias else None
-    expected = x.double() @ weight.double().T + (b.double() if b is not None else 0)
-    assert_close_scaled(invariant_linear(x, weight, b), expected, dtype, "matmul")
+    assert_close_scaled(invariant_linear(x, weight, b), _reference(x, weight, b), dtype, "matmul")
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("config", SMALL_CONFIGS, ids=["m16n16k16g2", "m32n16k32g0", "m16n32k16g1"])
+def test_overridden_tiles_are_invariant_and_correct(dtype: torch.dtype, config: dict) -> None:
+    """N=40 and K=40 leave masked tails in both; rows strided; 70 rows span 3 to 5 row tiles."""
+    generator = seeded_generator(1)
+    x = _strided_rows(70, 40, dtype, generator)
+    weight, bias = _random((40, 40), dtype, generator), _random((40,), dtype, generator)
+    full = _assert_rows_invariant(x, weight, bias, [1, 3, 15, 16, 17, 32, 33, 64, 65, 70], config)
+    assert_close_scaled(full, _reference(x, weight, bias), dtype, f"matmul {config}")
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_default_tiles_are_invariant_across_row_tiles(dtype: torch.dtype) -> None:
+    """The real default configuration (BLOCK_M 64): 1 to 150 rows, one to three row tiles; N=80 is
+    not a multiple of BLOCK_N (64) and K=72 not of BLOCK_K."""
+    generator = seeded_generator(2)
+    x, weight = _random((150, 72), dtype, generator), _random((80, 72), dtype, generator)
+    assert matmul_tiles(80, 72, dtype).block_m == 64
+    full = _assert_rows_invariant(x, weight, None, [1, 2, 63, 64, 65, 127, 128, 129], {})
+    assert_close_scaled(full, _reference(x, weight, None), dtype, "matmul default")
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
@@ -41,16 +95,76 @@ def test_a_row_is_bitwise_the_same_in_any_batch(dtype: torch.dtype, batch: int, 
     generator = seeded_generator(seed)
     weight = _random((48, 72), dtype, generator)
     needle = _random((1, 72), dtype, generator)
-    alone = invariant_linear(needle, weight)
     others = _random((batch, 72), dtype, generator)
     position = min(position, batch)
     batched = torch.cat([others[:position], needle, others[position:]])
-    assert torch.equal(invariant_linear(batched, weight)[position], alone[0])
+    for config in ({}, SMALL_CONFIGS[0]):
+        alone = invariant_linear(needle, weight, **config)
+        assert torch.equal(invariant_linear(batched, weight, **config)[position], alone[0]), config
+
+
+def test_overrides_reach_the_kernel() -> None:
+    """Another BLOCK_K changes the fp32 summation order, so some element differs (both stay close)."""
+    generator = seeded_generator(3)
+    x, weight = _random((8, 136), torch.float32, generator), _random((32, 136), torch.float32, generator)
+    coarse = invariant_linear(x, weight, block_k=128)
+    fine = invariant_linear(x, weight, block_k=16)
+    assert not torch.equal(coarse, fine)
+    for out in (coarse, fine):
+        assert_close_scaled(out, _reference(x, weight, None), torch.float32, "matmul")
+
+
+def test_out_argument_and_empty_batch() -> None:
+    generator = seeded_generator(4)
+    x, weight = _random((5, 24), torch.float32, generator), _random((20, 24), torch.float32, generator)
+    out = torch.full((5, 20), float("nan"), device=DEVICE)
+    assert invariant_linear(x, weight, out=out) is out
+    assert torch.equal(out, invariant_linear(x, weight))
+    assert invariant_linear(x[:0], weight).shape == (0, 20)
+
+
+def test_default_tiles() -> None:
+    """The values the module docstring's worked example and matmul_tiles' docstring state."""
+    assert matmul_tiles(4096, 1024, torch.bfloat16) == MatmulConfig(64, 128, 64, 4, 4, 8)
+    assert matmul_tiles(151936, 1024, torch.bfloat16) == MatmulConfig(64, 128, 64, 4, 4, 8)
+    assert matmul_tiles(1024, 3072, torch.bfloat16) == MatmulConfig(64, 64, 128, 4, 4, 8)
+    assert matmul_tiles(1024, 3072, torch.float32).block_k == 64  # fp32 halves BLOCK_K
+    assert matmul_tiles(4096, 1024, torch.float32).block_k == 32
+    assert matmul_tiles(20, 24, torch.float16)[1:3] == (32, 32)  # small weights: next power of two
+    assert matmul_config(4096, 1024, torch.bfloat16, block_m=128, group_m=0) == MatmulConfig(128, 128, 64, 4, 4, 0)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"block_m": 8}, "block_m must be a power of two in"),
+        ({"block_m": 48}, "block_m must be a power of two in"),
+        ({"block_n": 512}, "block_n must be a power of two in"),
+        ({"block_k": 8}, "block_k must be a power of two in"),
+        ({"num_warps": 3}, "num_warps must be a power of two in"),
+        ({"num_stages": 0}, r"num_stages must be in \[1, 8\]"),
+        ({"group_m": -1}, r"group_m must be in \[0, 4096\]"),
+    ],
+)
+def test_bad_overrides_raise(override: dict, message: str) -> None:
+    x, weight = torch.zeros((2, 16), device=DEVICE), torch.zeros((16, 16), device=DEVICE)
+    with pytest.raises(ValueError, match=message):
+        invariant_linear(x, weight, **override)
+    with pytest.raises(ValueError, match=message):  # also for an empty batch: the same config for every M
+        invariant_linear(x[:0], weight, **override)
+
+
+def test_non_int_override_raises_type_error() -> None:
+    x, weight = torch.zeros((2, 16), device=DEVICE), torch.zeros((16, 16), device=DEVICE)
+    with pytest.raises(TypeError, match="block_n must be a Python int"):
+        invariant_linear(x, weight, block_n=64.0)
+    with pytest.raises(TypeError, match="num_stages must be a Python int"):
+        invariant_linear(x, weight, num_stages=True)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", [(1024, 3072), (6144, 1024), (151936, 1024)])
+@pytest.mark.parametrize("shape", [(4096, 1024), (1024, 3072), (6144, 1024), (151936, 1024)])
 def test_a_row_is_bitwise_the_same_in_any_batch_gpu(dtype: torch.dtype, shape: tuple[int, int]) -> None:
     generator = seeded_generator(0)
     weight = _random(shape, dtype, generator)
@@ -62,3 +176,12 @@ def test_a_row_is_bitwise_the_same_in_any_batch_gpu(dtype: torch.dtype, shape: t
         assert torch.equal(invariant_linear(batched, weight)[batch // 2], alone[0]), batch
     expected = needle.double() @ weight.double().T
     assert_close_scaled(alone, expected, dtype, "matmul")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [{}, {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3}])
+def test_prefixes_are_bitwise_the_same_gpu(config: dict) -> None:
+    """bf16 at the Qwen3-0.6B gate_up shape: every prefix up to 4096 rows, and middle slices."""
+    generator = seeded_generator(5)
+    x, weight = _random((4096, 1024), torch.bfloat16, generator), _random((6144, 1024), torch.bfloat16, generator)
+    _assert_rows_invariant(x, weight, None, [1, 3, 16, 64, 255, 256, 1000, 4096], config)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One nvidia-h200-x4 call, run from a `git archive` of the commit under test unpacked in .clean/.
+# GPUs 0,1: tensor parallelism: tp_bench (qwen3-8b, 2 ranks then 1), the GPU tests (fp32 0.6b, then bf16 8b).
+# GPU 2:    batch-invariant mode: the matmul benchmark, the GPU invariance tests, offline-256 and decode-bs1
+#           with the mode on (profiled) and off.
+# GPU 3:    the server under load, then offline-256 beside transformers, profiled.
+# Each item runs only if its limit fits in what is left of the call; tracebacks of every process are
+# dumped periodically (.dbg/sitecustomize.py) in the tensor-parallel items, in case one hangs.
+set -o pipefail
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+: "${COMMIT:?set COMMIT to the commit under test}"
+ROOT=$PWD
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || echo "wheels not installed" >> "$OUT/skipped.txt"
+cd .clean || exit 1
+R=$OUT/r
+mkdir -p "$R/tp" "$R/invariant" "$R/server" "$R/bench"
+START=$SECONDS
+run() {  # run GPUS NAME LIMIT_S COMMAND...
+    local gpus=$1 name=$2 limit=$3; shift 3
+    local left=$((570 - (SECONDS - START)))
+    if ((left < 40)); then echo "skipped $name: ${left}s left" >> "$R/skipped.txt"; return; fi
+    ((limit > left)) && limit=$left
+    CUDA_VISIBLE_DEVICES=$gpus timeout "$limit" "$@" > "$R/$name.log" 2>&1
+    echo "$name rc=$? at $((SECONDS - START))s (limit ${limit}s)" >> "$R/done.txt"
+}
+COMMON=(--dtype bfloat16 --no-progress --commit "$COMMIT" --engine fast)
+OFFLINE=(--shape qwen3-0.6b --max-model-len 2048 --max-num-seqs 256 --max-num-batched-tokens 8192)
+DBG=(env PYTHONPATH="$ROOT/.dbg" TWINFER_DUMP_AFTER_S=150 TWINFER_RESULTS_DIR="$R/tp")
+(
+    run 0,1 tp/tp_bench 250 "${DBG[@]}" python -m reports.tp_bench --json "$R/tp/tp_bench.json"
+    run 0,1 tp/gpu_tests 170 "${DBG[@]}" python -m pytest -q -p no:cacheprovider -rA -m gpu \
+        tests/test_tensor_parallel_gpu.py -k "not qwen3_8b"
+    run 0,1 tp/gpu_tests_8b 150 "${DBG[@]}" python -m pytest -q -p no:cacheprovider -rA -m gpu \
+        tests/test_tensor_parallel_gpu.py -k qwen3_8b
+) &
+(
+    run 2 invariant/invariant_matmul_bench 120 python -m reports.invariant_matmul_bench \
+        --json "$R/invariant/invariant_matmul_bench.json" --shapes qwen3-0.6b,qwen3-8b
+    run 2 invariant/gpu_tests 200 env TWINFER_RESULTS_DIR="$R/invariant" python -m pytest -q -p no:cacheprovider \
+        -n 4 -m gpu -rA tests/test_batch_invariant_gpu.py tests/kernels/test_matmul.py
+    run 2 invariant/offline-256-batch-invariant 100 python -m twinfer.cli bench offline-256 "${COMMON[@]}" \
+        "${OFFLINE[@]}" --batch-invariant --profile --json "$R/invariant/offline-256-batch-invariant.json"
+    run 2 invariant/offline-256-no-batch-invariant 70 python -m twinfer.cli bench offline-256 "${COMMON[@]}" \
+        "${OFFLINE[@]}" --no-batch-invariant --json "$R/invariant/offline-256-no-batch-invariant.json"
+    for mode in batch-invariant no-batch-invariant; do
+        run 2 invariant/decode-bs1-$mode 45 python -m twinfer.cli bench decode-bs1 --shape qwen3-0.6b \
+            "${COMMON[@]}" --max-model-len 2048 --$mode --json "$R/invariant/decode-bs1-$mode.json"
+    done
+) &
+(
+    run 3 server/server_load 170 env PYTHONPATH=/tmp/site python -m reports.server_load SERVER_ARGS \
+        --json "$R/server/server_load.json"
+    run 3 bench/offline-256 330 python -m twinfer.cli bench offline-256 "${COMMON[@]}" "${OFFLINE[@]}" \
+        --baseline hf --profile --json "$R/bench/offline-256.json"
+) &
+wait
+cat "$R/done.txt" "$R/skipped.txt" 2>/dev/null
+for f in "$R"/*/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v '%|' | grep -v '^\s*$' | tail -n 6 | cut -c1-300; done
