@@ -4,11 +4,16 @@ For each client count N, on the same N requests (random prompt ids in [0, 10000)
 `--prompt-len`, `--output-len` tokens each, temperature 0.6 with a per-request seed, ignore_eos):
 
 * server: a fresh engine behind the OpenAI server in this process (uvicorn in a thread), the engine
-  on a thread of this process and/or in a child process (`--modes`), one warm-up request, then N
-  streaming clients started together from a separate process (so the clients' own Python work does
-  not share the server's interpreter lock). Each client records its time to first token and mean
-  time per output token after the first; throughput is output tokens over the wall time from the
-  first request sent to the last token received.
+  on a thread of this process and/or in a child process (`--modes`), two warm-up requests (a plain
+  one and a stream), then N streaming clients started together from separate processes
+  (`--clients-per-process` each, so that parsing the streams bounds nothing and none of it shares
+  the server's interpreter lock). The clients (`--client`) speak HTTP/1.1 over bare asyncio
+  connections by default, several times cheaper per event than httpx (also available). Each client
+  records its time to first token and mean time per output token after the first; throughput is
+  output tokens over the wall time from the first request sent to the last token received. The
+  record also says how many tokens each stream event carried (the server groups the tokens of steps
+  a stream has fallen behind on), how busy the client processes were, and whether the server ran on
+  uvloop and httptools (uvicorn takes them when installed) or on asyncio and h11.
 * offline: a fresh engine, one warm-up request, then `engine.generate` on the same requests.
 
 The record gives both throughputs and their ratio, latency distributions, and how many server
@@ -24,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import multiprocessing
+import queue
 import random
 import statistics
 import sys
@@ -43,6 +50,10 @@ logger = logging.getLogger(__name__)
 TEMPERATURE = 0.6
 TOKEN_ID_RANGE = (0, 10_000)
 CLIENT_TIMEOUT_S = 900.0
+CLIENT_START_TIMEOUT_S = 120.0
+DEFAULT_CLIENTS_PER_PROCESS = 32
+DEFAULT_CLIENT = "raw"
+CLIENTS = ("raw", "httpx")
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,7 @@ class ClientRecord:
     time_to_first_token_s: float | None
     time_per_output_token_s: float | None
     error: str | None = None
+    events: int = 0  # stream events that carried tokens (a server may group several steps' tokens in one)
 
 
 def build_requests(
@@ -72,25 +84,68 @@ def build_requests(
     return requests
 
 
-# -- clients (run in a child process) ---------------------------------------------------------------
+# -- clients (run in child processes) ---------------------------------------------------------------
 
 
-def run_clients(base_url: str, model: str, requests: Sequence[LoadRequest]) -> tuple[list[ClientRecord], float]:
-    """N concurrent streaming clients started together; their records and the wall time of the whole batch."""
-    return asyncio.run(_all_clients(base_url, model, requests))
+@dataclass(frozen=True)
+class ClientBatch:
+    """One client process's share: its records, when its clients started and ended (time.monotonic, which
+    every process of the machine shares), and the CPU time the process spent on them."""
+
+    records: list[ClientRecord]
+    started: float
+    ended: float
+    cpu_s: float
 
 
-async def _all_clients(base_url: str, model: str, requests: Sequence[LoadRequest]) -> tuple[list[ClientRecord], float]:
-    limits = httpx.Limits(max_connections=len(requests) + 8, max_keepalive_connections=len(requests) + 8)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=CLIENT_TIMEOUT_S) as client:
-        start = time.perf_counter()
-        records = await asyncio.gather(*(_one_client(client, model, request) for request in requests))
-        wall = time.perf_counter() - start
-    return list(records), wall
+@dataclass(frozen=True)
+class ClientRun:
+    """All client processes together: records in request order, wall time from the first client started
+    to the last token received, the processes' CPU seconds (one entry each)."""
+
+    records: list[ClientRecord]
+    wall_s: float
+    cpu_s: list[float]
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.cpu_s)
 
 
-async def _one_client(client: httpx.AsyncClient, model: str, request: LoadRequest) -> ClientRecord:
-    body = {
+def run_clients(
+    base_url: str, model: str, requests: Sequence[LoadRequest], go=None, client: str = DEFAULT_CLIENT
+) -> ClientBatch:
+    """Concurrent streaming clients started together (after `go`, a threading/multiprocessing Event, is set)."""
+    return asyncio.run(_all_clients(base_url, model, requests, go, client))
+
+
+async def _all_clients(base_url: str, model: str, requests: Sequence[LoadRequest], go, client: str) -> ClientBatch:
+    async with contextlib.AsyncExitStack() as stack:
+        if client == "httpx":
+            limits = httpx.Limits(max_connections=len(requests) + 8, max_keepalive_connections=len(requests) + 8)
+            pool = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=base_url, limits=limits, timeout=CLIENT_TIMEOUT_S)
+            )
+            # Warm this process's HTTP stack (imports, first connection) before the clock starts.
+            (await pool.get("/health")).raise_for_status()
+            one = functools.partial(_one_httpx_client, pool, model)
+        elif client == "raw":
+            url = httpx.URL(base_url)
+            one = functools.partial(_one_raw_client, url.host, url.port, model)
+        else:
+            raise ValueError(f"unknown client {client!r}: raw or httpx")
+        if go is not None:
+            await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        cpu = time.process_time()
+        started = time.monotonic()
+        records = await asyncio.gather(*(one(request) for request in requests))
+        ended = time.monotonic()
+        cpu = time.process_time() - cpu
+    return ClientBatch(list(records), started, ended, cpu)
+
+
+def _body(model: str, request: LoadRequest) -> dict[str, object]:
+    return {
         "model": model,
         "prompt": list(request.prompt_token_ids),
         "max_tokens": request.max_tokens,
@@ -100,48 +155,210 @@ async def _one_client(client: httpx.AsyncClient, model: str, request: LoadReques
         "ignore_eos": True,
         "return_token_ids": True,
     }
-    tokens: list[int] = []
-    sent = time.perf_counter()
-    first = last = None
+
+
+class _Stream:
+    """A client's view of one stream: tokens, events that carried them, first and last arrival."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.events = 0
+        self.sent = time.monotonic()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.error: str | None = None
+
+    def event(self, data: bytes | str) -> None:
+        """One `data: ...` payload."""
+        if data[:1] not in ("{", b"{"):
+            return  # [DONE]
+        payload = json.loads(data)
+        if "error" in payload:  # the server failed mid-stream
+            self.error = f"stream error: {payload['error']}"
+        for choice in payload.get("choices", []):
+            new = choice.get("token_ids") or []
+            if new:
+                self.last = time.monotonic()
+                self.first = self.first if self.first is not None else self.last
+                self.tokens += new
+                self.events += 1
+
+    def record(self, error: str | None = None) -> ClientRecord:
+        error = error or self.error
+        if error is not None:
+            return ClientRecord(tuple(self.tokens), None, None, error, self.events)
+        first, last, count = self.first, self.last, len(self.tokens)
+        ttft = None if first is None else first - self.sent
+        tpot = (last - first) / (count - 1) if first is not None and last is not None and count > 1 else None
+        return ClientRecord(tuple(self.tokens), ttft, tpot, None, self.events)
+
+
+async def _one_httpx_client(client: httpx.AsyncClient, model: str, request: LoadRequest) -> ClientRecord:
+    stream = _Stream()
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
+        async with client.stream("POST", "/v1/completions", json=_body(model, request)) as response:
             if response.status_code != 200:
-                return ClientRecord((), None, None, f"HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+                return stream.record(f"HTTP {response.status_code}: {(await response.aread())[:300]!r}")
             async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                for choice in json.loads(line.removeprefix("data: ")).get("choices", []):
-                    new = choice.get("token_ids") or []
-                    if new:
-                        last = time.perf_counter()
-                        first = first if first is not None else last
-                        tokens += new
+                if line.startswith("data: "):
+                    stream.event(line[6:])
     except httpx.HTTPError as error:
-        return ClientRecord(tuple(tokens), None, None, f"{type(error).__name__}: {error}")
-    ttft = None if first is None else first - sent
-    tpot = (last - first) / (len(tokens) - 1) if first is not None and last is not None and len(tokens) > 1 else None
-    return ClientRecord(tuple(tokens), ttft, tpot)
+        return stream.record(f"{type(error).__name__}: {error}")
+    return stream.record()
 
 
-def _client_process(base_url: str, model: str, requests: list[LoadRequest], results) -> None:  # results: Queue
+async def _one_raw_client(host: str, port: int, model: str, request: LoadRequest) -> ClientRecord:
+    """The same request as `_one_httpx_client`, over a bare asyncio connection: HTTP/1.1 with a chunked
+    response body, server-sent events split on blank lines. Several times cheaper per event than httpx,
+    so a client process follows many more streams."""
+    body = json.dumps(_body(model, request)).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    stream = _Stream()
+    writer = None
     try:
-        results.put(run_clients(base_url, model, requests))
-    except BaseException as error:  # report instead of leaving the parent waiting
-        results.put(error)
-
-
-def clients_in_subprocess(base_url: str, model: str, requests: list[LoadRequest]) -> tuple[list[ClientRecord], float]:
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    process = context.Process(target=_client_process, args=(base_url, model, requests, results), daemon=True)
-    process.start()
-    try:
-        outcome = results.get(timeout=CLIENT_TIMEOUT_S + 60)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CLIENT_TIMEOUT_S)
+        writer.write(head + body)
+        status, headers = await _response_head(reader)
+        if status != 200:
+            length = int(headers.get("content-length", "0"))
+            return stream.record(f"HTTP {status}: {(await reader.readexactly(length))[:300]!r}")
+        if headers.get("transfer-encoding", "").lower() != "chunked":
+            return stream.record(f"expected a chunked event stream, got headers {headers}")
+        await _read_events(reader, stream)
+    except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as error:
+        return stream.record(f"{type(error).__name__}: {error}")
     finally:
-        process.join(timeout=30)
-    if isinstance(outcome, BaseException):
-        raise RuntimeError(f"the client process failed: {outcome!r}") from outcome
-    return outcome
+        if writer is not None:
+            writer.close()
+    return stream.record()
+
+
+async def _response_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    status_line = await reader.readline()
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ValueError(f"not an HTTP response: {status_line[:100]!r}")
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(parts[1]), headers
+
+
+async def _read_events(reader: asyncio.StreamReader, stream: _Stream) -> None:
+    """Decode the chunked body as it arrives and hand each event's data to `stream`, until the last chunk."""
+    buffer = b""  # undecoded chunked bytes
+    text = b""  # decoded body not yet split into events
+    while True:
+        data = await reader.read(1 << 16)
+        if not data:
+            raise asyncio.IncompleteReadError(buffer, None)
+        buffer += data
+        position = 0
+        while True:
+            line_end = buffer.find(b"\r\n", position)
+            if line_end < 0:
+                break
+            size = int(buffer[position:line_end].split(b";")[0], 16)
+            if size == 0:
+                _split_events(text, stream)
+                return
+            if len(buffer) < line_end + 2 + size + 2:
+                break
+            text += buffer[line_end + 2 : line_end + 2 + size]
+            position = line_end + 2 + size + 2
+        buffer = buffer[position:]
+        text = _split_events(text, stream)
+
+
+def _split_events(text: bytes, stream: _Stream) -> bytes:
+    """Hand on every complete event (ended by a blank line); the incomplete rest."""
+    *events, rest = text.split(b"\n\n")
+    for event in events:
+        for line in event.split(b"\n"):
+            if line.startswith(b"data: "):
+                stream.event(line[6:])
+    return rest
+
+
+def _client_process(
+    share: int, base_url: str, model: str, requests: list[LoadRequest], client: str, ready, go, results
+) -> None:
+    """ready, results: multiprocessing Queues; go: a multiprocessing Event. Puts (share, ClientBatch or error)."""
+
+    class _ReadyThenGo:
+        def wait(self) -> None:
+            ready.put(True)
+            go.wait()
+
+    try:
+        results.put((share, run_clients(base_url, model, requests, _ReadyThenGo(), client)))
+    except BaseException as error:  # report instead of leaving the parent waiting
+        ready.put(False)
+        results.put((share, error))
+
+
+def _wait_until_ready(processes: list, ready) -> None:
+    """Every client process ready (or failed, then it reports) before any client starts."""
+    deadline = time.monotonic() + CLIENT_START_TIMEOUT_S
+    waiting = len(processes)
+    while waiting:
+        try:
+            ready.get(timeout=1.0)
+            waiting -= 1
+        except queue.Empty:
+            dead = [process.exitcode for process in processes if process.exitcode is not None]
+            if dead:
+                raise RuntimeError(f"a client process exited (code {dead[0]}) before its clients started") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"client processes not ready within {CLIENT_START_TIMEOUT_S:.0f} s") from None
+
+
+def clients_in_subprocesses(
+    base_url: str,
+    model: str,
+    requests: list[LoadRequest],
+    clients_per_process: int = DEFAULT_CLIENTS_PER_PROCESS,
+    client: str = DEFAULT_CLIENT,
+) -> ClientRun:
+    """The clients split over ceil(N / clients_per_process) processes, so that parsing the streams does not
+    bound what is measured (and none of it shares the server's interpreter lock), all started together."""
+    context = multiprocessing.get_context("spawn")
+    shares = [requests[i : i + clients_per_process] for i in range(0, len(requests), clients_per_process)]
+    ready, go, results = context.Queue(), context.Event(), context.Queue()
+    processes = [
+        context.Process(
+            target=_client_process, args=(index, base_url, model, share, client, ready, go, results), daemon=True
+        )
+        for index, share in enumerate(shares)
+    ]
+    for process in processes:
+        process.start()
+    outcomes: dict[int, ClientBatch | BaseException] = {}
+    try:
+        _wait_until_ready(processes, ready)
+        go.set()
+        for _ in processes:
+            share, outcome = results.get(timeout=CLIENT_TIMEOUT_S + 60)
+            outcomes[share] = outcome
+    finally:
+        go.set()
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    failures = [outcome for outcome in outcomes.values() if isinstance(outcome, BaseException)]
+    if failures:
+        raise RuntimeError(f"a client process failed: {failures[0]!r}") from failures[0]
+    batches = [outcomes[index] for index in range(len(shares))]
+    return ClientRun(
+        records=[record for batch in batches for record in batch.records],
+        wall_s=max(batch.ended for batch in batches) - min(batch.started for batch in batches),
+        cpu_s=[batch.cpu_s for batch in batches],
+    )
 
 
 # -- server and offline phases ----------------------------------------------------------------------
@@ -160,6 +377,8 @@ class LoadSettings:
     weight_seed: int
     engine_settings: dict[str, object]
     modes: tuple[str, ...] = ("thread", "process")
+    clients_per_process: int = DEFAULT_CLIENTS_PER_PROCESS
+    client: str = DEFAULT_CLIENT
 
 
 def build_engine(settings: LoadSettings, engine_config):
@@ -223,35 +442,57 @@ def run_server_phase(
 
     app = serving_app(settings, engine_config_for(settings, requests), mode)
     with ServerThread(app) as server:
-        _warm_up_server(server.base_url, settings.model)
-        records, wall = clients_in_subprocess(server.base_url, settings.model, requests)
+        warm_up_server(server.base_url, settings.model)
+        run = clients_in_subprocesses(
+            server.base_url, settings.model, requests, settings.clients_per_process, settings.client
+        )
         metrics_text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
         engine_config = asdict(app.state.context.driver.config)
     # Both names reach the engine (the server holds the app, the app its driver): drop both before
     # releasing, or the next phase's engine sizes its pool with this one's still allocated.
     del app, server
     _release(settings.device)
-    output_tokens = sum(len(r.token_ids) for r in records)
-    errors = [r.error for r in records if r.error]
     summary = {
         "engine_mode": mode,
         "engine_config": engine_config,
-        "wall_s": wall,
+        **client_summary(run),
+        "server_prefix_cache_hit_rate": _metric(metrics_text, "twinfer_prefix_cache_hit_rate"),
+    }
+    return summary, run.records
+
+
+def client_summary(run: ClientRun) -> dict[str, object]:
+    """What the clients saw: throughput, latencies, how many tokens each stream event carried, and how busy
+    the client processes were (a busy fraction near 1 would mean the load generator bounds the figures)."""
+    records = run.records
+    output_tokens = sum(len(r.token_ids) for r in records)
+    events = sum(r.events for r in records)
+    errors = [r.error for r in records if r.error]
+    return {
+        "wall_s": run.wall_s,
         "output_tokens": output_tokens,
-        "output_tokens_per_s": output_tokens / wall,
+        "output_tokens_per_s": output_tokens / run.wall_s,
         "failed_clients": len(errors),
         "first_errors": errors[:3],
         "time_to_first_token_s": distribution([r.time_to_first_token_s for r in records]),
         "time_per_output_token_s": distribution([r.time_per_output_token_s for r in records]),
-        "server_prefix_cache_hit_rate": _metric(metrics_text, "twinfer_prefix_cache_hit_rate"),
+        "stream_events": events,
+        "tokens_per_event": output_tokens / events if events else None,
+        "client_processes": run.num_processes,
+        "client_cpu_s": sum(run.cpu_s),
+        "client_busiest_process_cpu_fraction": max(run.cpu_s) / run.wall_s,
     }
-    return summary, records
 
 
-def _warm_up_server(base_url: str, model: str) -> None:
+def warm_up_server(base_url: str, model: str) -> None:
+    """One request of each kind the clients send (a plain one, a stream), so first-use costs (lazy imports on
+    the server's first stream, for one) fall outside the measurement."""
     body = {"model": model, "prompt": [10_001, 10_002, 10_003], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-    response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=600)
-    response.raise_for_status()
+    httpx.post(f"{base_url}/v1/completions", json=body, timeout=600).raise_for_status()
+    with httpx.stream("POST", f"{base_url}/v1/completions", json={**body, "stream": True}, timeout=600) as events:
+        events.raise_for_status()
+        for _ in events.iter_lines():
+            pass
 
 
 def run_offline_phase(
@@ -346,6 +587,8 @@ def run_load(settings: LoadSettings) -> dict[str, object]:
         "engine": settings.engine,
         "dtype": str(settings.dtype).removeprefix("torch."),
         "engine_settings_given": settings.engine_settings,
+        "load_generator": {"client": settings.client, "clients_per_process": settings.clients_per_process},
+        "server_http_stack": http_stack(),
         "workload": {
             "prompt_len": list(settings.prompt_len),
             "output_len": list(settings.output_len),
@@ -385,8 +628,25 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default="thread,process",
         help="where the server runs its engine, comma-separated: thread, process (default both, one after the other)",
     )
+    add_client_arguments(parser)
     parser.add_argument("--json", type=Path, required=True, help="where to write the record")
     add_engine_arguments(parser)
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--clients-per-process",
+        type=int,
+        default=DEFAULT_CLIENTS_PER_PROCESS,
+        help=f"streaming clients per load-generator process (default {DEFAULT_CLIENTS_PER_PROCESS})",
+    )
+    parser.add_argument(
+        "--client",
+        default=DEFAULT_CLIENT,
+        choices=CLIENTS,
+        help="raw: HTTP/1.1 over bare asyncio connections (cheap per event); httpx: httpx.AsyncClient "
+        f"(default {DEFAULT_CLIENT})",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> LoadSettings:
@@ -408,7 +668,25 @@ def settings_from_args(args: argparse.Namespace) -> LoadSettings:
         weight_seed=args.weight_seed,
         engine_settings=given_engine_settings(args),
         modes=_modes(args.modes),
+        clients_per_process=_positive(args.clients_per_process, "--clients-per-process"),
+        client=args.client,
     )
+
+
+def http_stack() -> dict[str, str]:
+    """The event loop and HTTP parser uvicorn picks ("auto": uvloop and httptools when installed)."""
+    import importlib.util
+
+    return {
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+    }
+
+
+def _positive(value: int, flag: str) -> int:
+    if value < 1:
+        raise SystemExit(f"{flag} takes a positive integer, got {value}")
+    return value
 
 
 def _modes(text: str) -> tuple[str, ...]:
@@ -437,7 +715,7 @@ def _range(text: str, flag: str) -> tuple[int, int]:
 
 def summary_lines(record: dict[str, object]) -> list[str]:
     columns = (("clients", 7), ("engine", 7), ("server tok/s", 12), ("offline tok/s", 13), ("ratio", 6))
-    columns += (("TTFT p50", 9), ("TPOT p50", 9), ("same", 5))
+    columns += (("TTFT p50", 9), ("TPOT p50", 9), ("same", 5), ("tok/event", 9), ("procs", 5))
     lines = [" ".join(f"{name:>{width}}" for name, width in columns)]
     for result in record["results"]:  # type: ignore[union-attr]
         offline = result["offline"]
@@ -447,7 +725,8 @@ def summary_lines(record: dict[str, object]) -> list[str]:
                 f"{result['clients']:>7} {mode:>7} {server['output_tokens_per_s']:>12.1f} "
                 f"{offline['output_tokens_per_s']:>13.1f} {server['throughput_over_offline']:>6.3f} "
                 f"{ttft.get('p50', float('nan')) * 1e3:>7.1f}ms {tpot.get('p50', float('nan')) * 1e3:>7.2f}ms "
-                f"{server['outputs_identical_to_offline']:>5}"
+                f"{server['outputs_identical_to_offline']:>5} {server.get('tokens_per_event') or float('nan'):>9.2f} "
+                f"{server.get('client_processes', 1):>5}"
             )
     return lines
 

@@ -4,7 +4,7 @@ HTTP handlers run on the asyncio event loop and never call the engine. They put 
 requests, abort those) on a queue; the engine thread drains the queue between steps, so requests
 that arrive while a step runs join the batch at the next one (continuous batching). Each step's
 outputs go back to the handlers' `OutputSink`s as `TokenDelta`s (the tokens new since the last
-step), with one `call_soon_threadsafe` per sink and step.
+step), with one `call_soon_threadsafe` per step for all the sinks of an event loop.
 
 While the engine has no work the thread blocks on the queue; while it has work it only polls it.
 `engine_process.EngineProcess` offers the same interface with the engine in a child process.
@@ -19,7 +19,7 @@ import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from spec.engine import Engine
 from spec.engine_config import EngineConfig
@@ -46,9 +46,9 @@ class EngineRequest:
     params: SamplingParams
 
 
-@dataclass(frozen=True, slots=True)
-class TokenDelta:
-    """What one step added to one request."""
+class TokenDelta(NamedTuple):
+    """What one step added to one request. A NamedTuple: a step makes one per running request, and in
+    process mode they cross a pipe, where a tuple pickles several times faster than a dataclass."""
 
     request_id: str
     token_ids: tuple[int, ...]  # new tokens
@@ -96,20 +96,32 @@ class EngineFailure:
 
 
 class OutputSink:
-    """Where the outputs of one HTTP request's engine requests arrive, on the handler's event loop."""
+    """Where the outputs of one HTTP request's engine requests arrive, on the handler's event loop.
+
+    Items accumulate until the handler takes them: a handler that has fallen behind takes the tokens of
+    several steps at once (and sends them as one event)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.loop = loop or asyncio.get_running_loop()
-        self.queue: asyncio.Queue[list[TokenDelta | EngineFailure]] = asyncio.Queue()
+        self._items: list[TokenDelta | EngineFailure] = []
+        self._waiter: asyncio.Future[None] | None = None
 
     def deliver(self, items: list[TokenDelta | EngineFailure]) -> None:
-        self.queue.put_nowait(items)
+        """Add items (on the sink's event loop) and wake the handler if it waits."""
+        self._items += items
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def next_batch(self) -> list[TokenDelta | EngineFailure]:
         """Wait for at least one item, then take all that are already there (a group of tokens)."""
-        items = list(await self.queue.get())
-        while not self.queue.empty():
-            items += self.queue.get_nowait()
+        while not self._items:
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
         return items
 
 
@@ -152,32 +164,62 @@ class SinkTable:
         return self._sinks.pop(request_id, None) is not None
 
     def dispatch(self, deltas: Sequence[TokenDelta]) -> None:
-        by_sink: dict[int, tuple[OutputSink, list[TokenDelta | EngineFailure]]] = {}
+        by_sink: dict[OutputSink, list[TokenDelta | EngineFailure]] = {}
+        prompt_tokens = cached_tokens = 0
+        sinks = self._sinks
         for delta in deltas:
-            sink = self._sinks.get(delta.request_id)
+            sink = sinks.get(delta.request_id)
             if sink is None:
                 continue  # aborted after the step began
             if delta.finish_reason is not None:
-                del self._sinks[delta.request_id]
+                del sinks[delta.request_id]
             if delta.is_first:
-                self.metrics.record_prefill(delta.num_prompt_tokens, delta.num_cached_prompt_tokens)
-            by_sink.setdefault(id(sink), (sink, []))[1].append(delta)
+                prompt_tokens += delta.num_prompt_tokens
+                cached_tokens += delta.num_cached_prompt_tokens
+            items = by_sink.get(sink)
+            if items is None:
+                by_sink[sink] = [delta]
+            else:
+                items.append(delta)
+        if prompt_tokens:
+            self.metrics.record_prefill(prompt_tokens, cached_tokens)
         self.metrics.record_step(sum(len(delta.token_ids) for delta in deltas))
-        for sink, items in by_sink.values():
-            deliver(sink, items)
+        deliver(by_sink)
 
     def fail_all(self, error: BaseException) -> None:
-        sinks = {id(sink): sink for sink in self._sinks.values()}
+        sinks = set(self._sinks.values())
         self._sinks.clear()
-        for sink in sinks.values():
-            deliver(sink, [EngineFailure(error)])
+        deliver({sink: [EngineFailure(error)] for sink in sinks})
 
 
-def deliver(sink: OutputSink, items: list[TokenDelta | EngineFailure]) -> None:
+def deliver(by_sink: dict[OutputSink, list[TokenDelta | EngineFailure]]) -> None:
+    """Hand items to their sinks: one call per event loop for all of its sinks (one wake-up of the loop per
+    step, however many streams it serves; a call per sink would also hand the interpreter lock back and
+    forth with the loop's thread once per stream)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputSink, list[TokenDelta | EngineFailure]]]] = {}
+    for sink, items in by_sink.items():
+        pairs = by_loop.get(sink.loop)
+        if pairs is None:
+            by_loop[sink.loop] = [(sink, items)]
+        else:
+            pairs.append((sink, items))
     try:
-        sink.loop.call_soon_threadsafe(sink.deliver, items)
-    except RuntimeError:  # the event loop has closed: nobody is listening any more
-        logger.debug("dropped outputs for a closed event loop")
+        running = asyncio.get_running_loop()  # an engine process's outputs are read on the handlers' loop
+    except RuntimeError:
+        running = None  # the engine thread
+    for loop, pairs in by_loop.items():
+        if loop is running:
+            _deliver_on_loop(pairs)
+            continue
+        try:
+            loop.call_soon_threadsafe(_deliver_on_loop, pairs)
+        except RuntimeError:  # the event loop has closed: nobody is listening any more
+            logger.debug("dropped outputs for a closed event loop")
+
+
+def _deliver_on_loop(pairs: list[tuple[OutputSink, list[TokenDelta | EngineFailure]]]) -> None:
+    for sink, items in pairs:
+        sink.deliver(items)
 
 
 def engine_stats(engine: Engine, alive: bool) -> EngineStats:

@@ -44,10 +44,11 @@ class Generation:
         self._timings = {spec.request_id: _Timing(arrival) for spec in specs}
         self._sink: OutputSink | None = None
         self._closed = False
+        self._unfinished = len(self.choices)
 
     @property
     def finished(self) -> bool:
-        return all(choice.finished for choice in self.choices)
+        return self._unfinished == 0
 
     async def start(self) -> None:
         """Submit every choice's engine request; ApiError if the engine refuses one (then none runs)."""
@@ -68,18 +69,20 @@ class Generation:
     async def updates(self) -> AsyncIterator[list[tuple[ChoiceState, ChoiceDelta]]]:
         if self._sink is None:
             raise RuntimeError("Generation.start() must run before updates()")
-        while not self.finished:
+        sink, by_request = self._sink, self._by_request
+        while self._unfinished:
+            items = await sink.next_batch()
+            now = time.monotonic()
             advanced: dict[str, tuple[ChoiceState, ChoiceDelta]] = {}
-            now = 0.0
-            for item in await self._sink.next_batch():
+            for item in items:
                 if isinstance(item, EngineFailure):
                     raise ApiError(str(item.error), status=500, kind="server_error") from item.error
-                now = now or time.monotonic()
-                choice = self._by_request[item.request_id]
+                choice = by_request[item.request_id]
                 delta = choice.advance(item)
                 self._record(choice, delta, now)
-                if item.request_id in advanced:  # several steps arrived together: one delta per choice
-                    delta = _merged(advanced[item.request_id][1], delta)
+                earlier = advanced.get(item.request_id)
+                if earlier is not None:  # several steps arrived together: one delta per choice
+                    delta = _merged(earlier[1], delta)
                 advanced[item.request_id] = (choice, delta)
             yield list(advanced.values())
 
@@ -109,6 +112,7 @@ class Generation:
             choice.needs_abort = False
             self.driver.abort([choice.spec.request_id])
         if delta.finish_reason is not None:
+            self._unfinished -= 1
             ttft = None if timing.first_token is None else timing.first_token - timing.arrival
             count = len(choice.token_ids)
             tpot = None

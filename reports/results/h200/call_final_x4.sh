@@ -49,8 +49,9 @@ DBG=(env PYTHONPATH="$ROOT/.dbg" TWINFER_DUMP_AFTER_S=150 TWINFER_RESULTS_DIR="$
     done
 ) &
 (
-    run 3 server/server_load 170 env PYTHONPATH=/tmp/site python -m reports.server_load SERVER_ARGS \
-        --json "$R/server/server_load.json"
+    run 3 server/server_load 170 env PYTHONPATH=/tmp/site python -m reports.server_load --model qwen3-0.6b \
+        --engine fast --dtype bfloat16 --clients 1,16,64,256 --modes thread,process --max-num-seqs 256 \
+        --max-num-batched-tokens 8192 --max-model-len 2048 --client raw --clients-per-process 32 --json "$R/server/server_load.json"
     run 3 bench/offline-256 330 python -m twinfer.cli bench offline-256 "${COMMON[@]}" "${OFFLINE[@]}" \
         --baseline hf --profile --json "$R/bench/offline-256.json"
 ) &
