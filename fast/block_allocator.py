@@ -21,7 +21,7 @@ reference allocator and spec.scheduling; only the structures differ:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from spec.block_hash import NO_PARENT, HashFunction, hash_block
 from spec.invariants import AllocatorSnapshot, BlockState
@@ -151,6 +151,11 @@ class BlockAllocator:
         """The request's block ids in order (the allocator's own table: read it, do not change it)."""
         table = self._tables.get(request_id)
         return table if table is not None else array(BLOCK_TABLE_TYPECODE)
+
+    def block_tables(self, request_ids: Iterable[str]) -> list[array[int]]:
+        """`block_table` of each request, which must hold blocks (one call a step instead of one a request)."""
+        tables = self._tables
+        return [tables[request_id] for request_id in request_ids]
 
     def cached_prefix(
         self, token_ids: Sequence[int], max_blocks: int | None = None, chain: BlockHashChain | None = None

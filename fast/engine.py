@@ -27,7 +27,7 @@ import torch
 
 from fast.input_batch import SequenceInput
 from fast.model_runner import ModelRunner
-from fast.sampler import Sampler
+from fast.sampler import Sampler, SamplerRow
 from fast.scheduler import Scheduler
 from fast.sharded_loading import CheckpointWeights, WeightSource
 from fast.tp_launch import TensorParallelRuntime, start_tensor_parallel
@@ -36,7 +36,7 @@ from spec.engine import SampledToken, ScheduledEngine, default_device, token_log
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
-from spec.request import Request, RequestOutput, prompt_logprob_positions
+from spec.request import Request, RequestOutput, RequestStatus, prompt_logprob_positions
 from spec.sampling import SamplingRow
 from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
@@ -98,6 +98,9 @@ class FastEngine(ScheduledEngine):
         self.sampler = sampler
         self.step_timings = StepTimings()
         self._execute_s = 0.0  # the current step's time in execute(), to split out scheduling time
+        # Each unfinished request's constant sampler columns, keyed by the Request itself (not its id,
+        # which a new request may reuse once this one is finished): made once, not every step.
+        self._sampler_rows: dict[Request, SamplerRow] = {}
         self._init_requests()
 
     @classmethod
@@ -155,6 +158,7 @@ class FastEngine(ScheduledEngine):
         started = time.perf_counter()
         self._execute_s = 0.0
         outputs = super().step()
+        self._forget_finished_rows()
         self.step_timings.num_steps += 1
         # Everything but execute(): scheduling, applying results, building outputs.
         self.step_timings.schedule_s += time.perf_counter() - started - self._execute_s
@@ -201,44 +205,55 @@ class FastEngine(ScheduledEngine):
         sampling: list[tuple[int, Request]] = []
         scored: list[tuple[int, Request, int]] = []
         logit_row = 0
-        allocator, requests = self.scheduler.allocator, self._requests
-        for chunk in plan.chunks:
+        requests = self._requests
+        tables = self.scheduler.allocator.block_tables(chunk.request_id for chunk in plan.chunks)
+        for chunk, table in zip(plan.chunks, tables, strict=True):
             request = requests[chunk.request_id]
+            start, num_tokens = chunk.start, chunk.num_tokens
             offsets: list[int] = []
             if request.params.prompt_logprobs is not None:  # else no position is scored (most requests)
-                for position in prompt_logprob_positions(request, chunk.start, chunk.num_tokens):
-                    offsets.append(position - chunk.start)
+                for position in prompt_logprob_positions(request, start, num_tokens):
+                    offsets.append(position - start)
                     scored.append((logit_row, request, position + 1))
                     logit_row += 1
             if chunk.samples:
-                offsets.append(chunk.num_tokens - 1)
+                offsets.append(num_tokens - 1)
                 sampling.append((logit_row, request))
                 logit_row += 1
-            sequences.append(
-                SequenceInput(
-                    request.token_span(chunk.start, chunk.num_tokens),
-                    chunk.start,
-                    allocator.block_table(chunk.request_id),
-                    offsets,
-                )
-            )
+            sequences.append(SequenceInput(request.token_span(start, num_tokens), start, table, offsets))
         return sequences, sampling, scored
 
     def _sample(self, logits: torch.Tensor, sampling: list[tuple[int, Request]]) -> dict[str, SampledToken]:
         if not sampling:
             return {}
         requests = [request for _, request in sampling]
-        params = [request.params for request in requests]
-        self.sampler.set_batch(
-            params, [request.seed for request in requests], [len(request.output_token_ids) for request in requests]
+        rows = self._sampler_rows
+        self.sampler.set_sampler_rows(
+            [rows.get(request) or self._sampler_row(request) for request in requests],
+            [len(request.output_token_ids) for request in requests],
         )
         tokens = self.sampler.sample(logits).tolist()
-        counts = [row_params.logprobs for row_params in params]
-        entries = token_logprobs(logits, tokens, counts) if any(counts) else [None] * len(requests)
+        counts = [request.params.logprobs for request in requests]
+        if not any(counts):  # most steps: no request asks for logprobs
+            return {
+                request.request_id: SampledToken(token, None) for request, token in zip(requests, tokens, strict=True)
+            }
+        entries = token_logprobs(logits, tokens, counts)
         return {
             request.request_id: SampledToken(token, entry if count > 0 else None)
             for request, token, entry, count in zip(requests, tokens, entries, counts, strict=True)
         }
+
+    def _sampler_row(self, request: Request) -> SamplerRow:
+        """The request's constant sampler columns, made on its first sampling step and kept until it finishes."""
+        row = self._sampler_rows[request] = self.sampler.row(request.params, request.seed)
+        return row
+
+    def _forget_finished_rows(self) -> None:
+        """Drop the sampler rows of requests that finished (or were aborted) since the last call."""
+        if len(self._sampler_rows) > len(self._requests):
+            for request in [r for r in self._sampler_rows if r.status is RequestStatus.FINISHED]:
+                del self._sampler_rows[request]
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, scored: list[tuple[int, Request, int]]) -> None:
         """Logits row r (at prompt position p - 1) scores prompt token p."""

@@ -16,22 +16,33 @@ The other departures are shortcuts that give identical results, decided on the h
   token by the spec's rule; min_p == 0 keeps every token since exp(.) >= 0);
 * top-k reads the k-th largest value from `torch.topk` over the largest k any row asks for, not
   from a full sort: the k-th largest value is the same number either way.
+
+The host side is built for a call every step: a request's columns that never change (temperature,
+filters, the seed's half of the row key) are a `SamplerRow`, made once per request by `row`, and
+the row keys (spec.sampling.row_keys, the same bits) are computed on the host with numpy and
+uploaded with the parameters instead of as ~60 tiny device ops.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from fast.kernels.gumbel_sample import chunk_count, gumbel_sample
 from spec.sampling import (
+    FMIX32_MULTIPLIER_1,
+    FMIX32_MULTIPLIER_2,
+    HASH_MASK,
+    SEED_SALT,
     SamplingRow,
     SamplingTensors,
     greedy_one_hot,
     greedy_tokens,
     min_p_mask,
-    row_keys,
     row_temperature,
     row_top_k,
     scale_logits,
@@ -52,9 +63,50 @@ class _Field(enum.IntEnum):
     SEED = 4
     POSITION = 5
     GREEDY = 6
+    KEY = 7  # spec.sampling.row_keys(seed, position), computed on the host
 
 
-_FLOAT_FIELDS = (_Field.TEMPERATURE, _Field.TOP_P, _Field.MIN_P)
+class SamplerRow(NamedTuple):
+    """A request's sampling columns that no step changes (Sampler.row builds them once per request)."""
+
+    temperature: float  # spec.sampling.row_temperature: 1 for a greedy row
+    top_p: float
+    min_p: float
+    top_k: int  # spec.sampling.row_top_k: in [1, vocab_size]
+    is_greedy: bool
+    seed: int
+    seed_key: int  # the seed's half of the row key: fmix32(seed_low ^ fmix32(seed_high ^ SEED_SALT))
+
+
+def _fmix32(h: int) -> int:
+    """spec.sampling's fmix32 on one Python int in [0, 2**32)."""
+    h ^= h >> 16
+    h = (h * FMIX32_MULTIPLIER_1) & HASH_MASK
+    h ^= h >> 13
+    h = (h * FMIX32_MULTIPLIER_2) & HASH_MASK
+    return h ^ (h >> 16)
+
+
+def seed_key(seed: int) -> int:
+    """The part of spec.sampling.row_keys that depends on the seed alone (0 <= seed < 2**63)."""
+    return _fmix32((seed & HASH_MASK) ^ _fmix32(((seed >> 32) & HASH_MASK) ^ SEED_SALT))
+
+
+_MULTIPLIER_1, _MULTIPLIER_2 = np.uint32(FMIX32_MULTIPLIER_1), np.uint32(FMIX32_MULTIPLIER_2)
+
+
+def host_row_keys(seed_keys: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+    """uint32 [B]: spec.sampling.row_keys = fmix32(seed_key ^ (position mod 2**32)), bit for bit, in numpy
+    (uint32 products wrap mod 2**32 as the spec's masked ones do). On the device the spec's version is
+    ~60 elementwise launches a step; this is ~20 us of host time at 256 rows."""
+    h = np.array(seed_keys, dtype=np.uint32)
+    h ^= np.array(positions, dtype=np.int64).astype(np.uint32)  # the C cast keeps the low 32 bits
+    h ^= h >> 16
+    h *= _MULTIPLIER_1
+    h ^= h >> 13
+    h *= _MULTIPLIER_2
+    h ^= h >> 16
+    return h
 
 
 class Sampler:
@@ -87,6 +139,7 @@ class Sampler:
         self._uses_top_p = False
         self._uses_min_p = False
         self._tensors: SamplingTensors | None = None
+        self._keys = torch.zeros(0, dtype=torch.int64, device=self.device)  # row keys of the rows set last
 
     @property
     def num_rows(self) -> int:
@@ -96,69 +149,74 @@ class Sampler:
     def all_greedy(self) -> bool:
         return self._all_greedy
 
+    def row(self, params: SamplingParams, seed: int) -> SamplerRow:
+        """A request's constant columns (its params and resolved seed), for `set_sampler_rows`."""
+        return SamplerRow(
+            row_temperature(params),
+            params.top_p,
+            params.min_p,
+            row_top_k(params, self.vocab_size),
+            params.is_greedy,
+            seed,
+            seed_key(seed),
+        )
+
     def set_rows(self, rows: list[SamplingRow]) -> None:
         """Load the parameters of the next batch (row i samples logits row i)."""
         self.set_batch([row.params for row in rows], [row.seed for row in rows], [row.output_position for row in rows])
 
     def set_batch(self, params: list[SamplingParams], seeds: list[int], positions: list[int]) -> None:
-        """`set_rows` given by columns: row i's params, resolved seed and output position (the engine
-        calls this each step, so no SamplingRow is built per row)."""
-        count = len(params)
+        """`set_rows` given by columns: row i's params, resolved seed and output position."""
+        self.set_sampler_rows([self.row(p, seed) for p, seed in zip(params, seeds, strict=True)], positions)
+
+    def set_sampler_rows(self, rows: Sequence[SamplerRow], positions: Sequence[int]) -> None:
+        """`set_rows` from each row's constant columns (`row`, kept by the caller from step to step)
+        and its output position: the engine's call each step."""
+        count = len(rows)
         if not 1 <= count <= self.max_num_seqs:
             raise ValueError(f"a batch of {count} rows does not fit a sampler of max_num_seqs {self.max_num_seqs}")
+        if len(positions) != count:
+            raise ValueError(f"{len(positions)} positions for {count} rows")
         self._num_rows = count
-        greedy = [row_params.is_greedy for row_params in params]
+        temperatures, top_ps, min_ps, top_ks, greedy, seeds, seed_keys = zip(*rows, strict=True)
         self._all_greedy = all(greedy)
         self._any_greedy = any(greedy)
         self._tensors = None
         if self._all_greedy:
             return
-        top_ks = [row_top_k(row_params, self.vocab_size) for row_params in params]
         # The filters are decided by the rows that sample; a greedy row's result is the argmax whatever they are.
-        if self._any_greedy:
-            sampled = [row_params for row_params, is_greedy in zip(params, greedy, strict=True) if not is_greedy]
-            sampled_top_ks = [k for k, is_greedy in zip(top_ks, greedy, strict=True) if not is_greedy]
-        else:
-            sampled, sampled_top_ks = params, top_ks
+        sampled = [not is_greedy for is_greedy in greedy] if self._any_greedy else None
+        sampled_top_ks = _sampled(top_ks, sampled)
         self._max_top_k = max(sampled_top_ks)
         self._uses_top_k = min(sampled_top_ks) < self.vocab_size
-        self._uses_top_p = any(row_params.top_p < 1.0 for row_params in sampled)
-        self._uses_min_p = any(row_params.min_p > 0.0 for row_params in sampled)
-        self._fill_host(params, greedy, top_ks, seeds, positions)
-        device_rows = self._device_buffer[:count]
-        device_rows.copy_(self._host[:count], non_blocking=True)
-        if self._copy_done is not None:
-            self._copy_done.record()
-        floats = device_rows.view(torch.float32)
-        self._tensors = SamplingTensors(
-            temperature=floats[:, 2 * _Field.TEMPERATURE],
-            top_k=device_rows[:, _Field.TOP_K],
-            top_p=floats[:, 2 * _Field.TOP_P],
-            min_p=floats[:, 2 * _Field.MIN_P],
-            seeds=device_rows[:, _Field.SEED],
-            positions=device_rows[:, _Field.POSITION],
-            is_greedy=device_rows[:, _Field.GREEDY].bool(),
-        )
-
-    def _fill_host(
-        self,
-        params: list[SamplingParams],
-        greedy: list[bool],
-        top_ks: list[int],
-        seeds: list[int],
-        positions: list[int],
-    ) -> None:
+        self._uses_top_p = min(_sampled(top_ps, sampled)) < 1.0
+        self._uses_min_p = max(_sampled(min_ps, sampled)) > 0.0
         if self._copy_done is not None:
             self._copy_done.synchronize()  # normally long done: the previous step's tokens were read
-        count = len(params)
         ints, floats = self._host_ints, self._host_floats
-        floats[:count, 2 * _Field.TEMPERATURE] = [row_temperature(row_params) for row_params in params]
-        floats[:count, 2 * _Field.TOP_P] = [row_params.top_p for row_params in params]
-        floats[:count, 2 * _Field.MIN_P] = [row_params.min_p for row_params in params]
+        floats[:count, 2 * _Field.TEMPERATURE] = temperatures
+        floats[:count, 2 * _Field.TOP_P] = top_ps
+        floats[:count, 2 * _Field.MIN_P] = min_ps
         ints[:count, _Field.TOP_K] = top_ks
         ints[:count, _Field.SEED] = seeds
         ints[:count, _Field.POSITION] = positions
         ints[:count, _Field.GREEDY] = greedy
+        ints[:count, _Field.KEY] = host_row_keys(seed_keys, positions)
+        device_rows = self._device_buffer[:count]
+        device_rows.copy_(self._host[:count], non_blocking=True)
+        if self._copy_done is not None:
+            self._copy_done.record()
+        floats_view = device_rows.view(torch.float32)
+        self._tensors = SamplingTensors(
+            temperature=floats_view[:, 2 * _Field.TEMPERATURE],
+            top_k=device_rows[:, _Field.TOP_K],
+            top_p=floats_view[:, 2 * _Field.TOP_P],
+            min_p=floats_view[:, 2 * _Field.MIN_P],
+            seeds=device_rows[:, _Field.SEED],
+            positions=device_rows[:, _Field.POSITION],
+            is_greedy=device_rows[:, _Field.GREEDY].bool(),
+        )
+        self._keys = device_rows[:, _Field.KEY].contiguous()  # the kernel reads the keys contiguous
 
     def _check_logits(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.dim() != 2 or logits.shape != (self._num_rows, self.vocab_size):
@@ -182,8 +240,7 @@ class Sampler:
             return greedy_tokens(logits)
         tensors = self._tensors
         keep = self._filter_mask(scale_logits(logits, tensors.temperature)) if self._uses_filters else None
-        keys = row_keys(tensors.seeds, tensors.positions)
-        sampled = self._gumbel_max(logits, tensors.temperature, keys, keep)
+        sampled = self._gumbel_max(logits, tensors.temperature, self._keys, keep)
         return torch.where(tensors.is_greedy, greedy_tokens(logits), sampled) if self._any_greedy else sampled
 
     def _gumbel_max(
@@ -220,3 +277,8 @@ class Sampler:
         # Greedy rows may ask for more than max_top_k (taken over sampled rows); their result is the argmax.
         kth_value = largest.gather(1, (top_k.clamp(max=self._max_top_k) - 1)[:, None])
         return scaled >= kth_value
+
+
+def _sampled(values: tuple, sampled: list[bool] | None) -> tuple | list:
+    """The values of the rows that sample (`sampled` None: every row)."""
+    return values if sampled is None else [value for value, keep in zip(values, sampled, strict=True) if keep]

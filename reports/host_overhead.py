@@ -25,12 +25,18 @@ whatever it samples, and the scheduling is the same.
 Figures: the host seconds of every engine.step() summed over the run, the number of steps, and the
 median / p90 of the steps in which all of the workload's requests decode (the full batch, 256
 requests at scale 1), from the median run of `--repeats`; plus FastEngine.step_timings' split.
+
+Same behaviour: one more, untimed run with seeded requests (seed = index, logprobs=1 on every 7th)
+records sha256 digests of every step's plan, every runner input (token ids, positions, block
+tables, logit rows) and every output (`digest` in the record): a change to the host path that keeps
+the engine's decisions keeps all three.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import logging
 import math
 import os
@@ -55,6 +61,9 @@ from reports.bench_workloads import Phase, build_workload
 from reports.model_shapes import SHAPES
 from spec.engine_config import EngineConfig
 from spec.model_config import ModelConfig
+from spec.request import RequestOutput
+from spec.sampling_params import SamplingParams
+from spec.scheduling import StepPlan
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +80,7 @@ ENGINE_SETTINGS: dict[str, object] = {
 }
 DEFAULT_REPEATS = 3
 PROFILE_TOP = 25
+DIGEST_LOGPROBS_EVERY = 7  # the digest run asks every 7th request for logprobs=1 (the logprob path runs too)
 
 
 # ----------------------------------------------------------------------------- the stubbed engine
@@ -96,10 +106,13 @@ class StubRunner:
         self.graphs = DecodeGraphs(self.max_step_seqs) if config.enable_cuda_graphs else None
         # Every row a step can ask logits for (prompt-logprob rows included), zero: sampling costs nothing.
         self._logits = torch.zeros((config.max_num_batched_tokens, vocab_size), dtype=torch.float32)
+        self.input_digest: StepDigest | None = None  # set by the digest run only (hashing costs host time)
 
     @torch.inference_mode()
     def run(self, sequences: list[SequenceInput]) -> torch.Tensor:
         """ModelRunner.run's host work (packing the inputs, decode steps padded to a graph size), then zero logits."""
+        if self.input_digest is not None:
+            self.input_digest.add_inputs(sequences)
         is_decode = all(len(s.token_ids) == 1 and len(s.logit_offsets) == 1 for s in sequences)
         if self.graphs is not None and is_decode and len(sequences) <= self.graphs.max_batch:
             self.inputs.load(sequences, pad_to=self.graphs.size_for(len(sequences)))
@@ -133,6 +146,82 @@ class HostOnlyFastEngine(FastEngine):
         self.dtype = torch.bfloat16
         runner = StubRunner(model_config, engine_config, sampler_vocab)
         self._attach(runner, StubSampler(runner.max_step_seqs, sampler_vocab, self.device))
+
+
+# ----------------------------------------------------------------------------- same behaviour
+
+
+class StepDigest:
+    """sha256 over every step's plan, the runner inputs it produced and the outputs step() returned.
+
+    Two versions of the host path that make the same decisions give the same three digests: the
+    plans (scheduled request ids, starts, token counts, preemptions, admissions), the runner inputs
+    (token ids, positions, whole block tables, logit rows) and the outputs (tokens, logprobs, finish
+    reasons, cached prompt tokens). Inputs are hashed as plain tuples, so a change of container type
+    (list, array) does not change the digest; plans and outputs by their dataclass repr.
+    """
+
+    def __init__(self) -> None:
+        self._plans = hashlib.sha256()
+        self._inputs = hashlib.sha256()
+        self._outputs = hashlib.sha256()
+        self.num_plans = 0
+        self.num_outputs = 0
+
+    def add_plan(self, plan: StepPlan) -> None:
+        self._plans.update(repr(plan).encode())
+        self.num_plans += 1
+
+    def add_inputs(self, sequences: Sequence[SequenceInput]) -> None:
+        for seq in sequences:
+            normalised = (tuple(seq.token_ids), seq.start, tuple(seq.block_table), tuple(seq.logit_offsets))
+            self._inputs.update(repr(normalised).encode())
+        self._inputs.update(b"|")  # the step boundary
+
+    def add_outputs(self, outputs: Sequence[RequestOutput]) -> None:
+        self._outputs.update(repr(list(outputs)).encode())
+        self.num_outputs += len(outputs)
+
+    def record(self) -> dict[str, object]:
+        return {
+            "plans_sha256": self._plans.hexdigest(),
+            "inputs_sha256": self._inputs.hexdigest(),
+            "outputs_sha256": self._outputs.hexdigest(),
+            "num_plans": self.num_plans,
+            "num_outputs": self.num_outputs,
+        }
+
+
+def digest_params(phase: Phase, index: int) -> SamplingParams:
+    """The workload's params, seeded by the request's index (so two runs sample alike), logprobs on some."""
+    return SamplingParams(
+        temperature=phase.temperature,
+        max_tokens=phase.requests[index].max_tokens,
+        ignore_eos=True,
+        seed=index,
+        logprobs=1 if index % DIGEST_LOGPROBS_EVERY == 0 else 0,
+    )
+
+
+def digest_run(phase: Phase, settings: HostSettings) -> dict[str, object]:
+    """One untimed run of the phase with seeded requests, hashing every plan, runner input and output."""
+    engine = build_engine(settings)
+    warm_up_engine(engine)
+    digest = StepDigest()
+    engine.runner.input_digest = digest
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule() -> StepPlan:
+        plan = schedule()
+        digest.add_plan(plan)
+        return plan
+
+    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    for index, request in enumerate(phase.requests):
+        engine.add_request(request.prompt_token_ids, digest_params(phase, index))
+    while engine.has_unfinished:
+        digest.add_outputs(engine.step())
+    return digest.record()
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -310,6 +399,7 @@ def measure(settings: HostSettings) -> dict[str, object]:
             for key in ("host_s", "full_batch_step_median_ms", "full_batch_step_p90_ms", "run_wall_s")
         },
         "runs": runs,
+        "digest": digest_run(phase, settings),
     }
     if settings.profile:
         record["profile"] = profile_run(phase, settings)
@@ -336,6 +426,7 @@ def summary_text(record: dict[str, object]) -> str:
         "split (median run): "
         + ", ".join(f"{name} {timings.get(name, 0.0):.3f} s" for name in ("schedule_s", "prepare_s", "forward_s")),
         f"all requests complete: {run['all_requests_complete']}",
+        "digest: " + ", ".join(f"{key} {value}" for key, value in record["digest"].items()),
     ]
     return "\n".join(lines)
 

@@ -182,3 +182,40 @@ def test_llama_and_qwen2(architecture: str, shape: TinyModelShape, tmp_path: Pat
     for prompt, output in zip(prompts, fast.generate(prompts, GREEDY), strict=True):
         comparison = compare_traces(trace_from_output(output), hf_greedy_trace(hf, prompt, MAX_NEW_TOKENS, TOP_K))
         assert comparison.agree, (architecture, len(prompt), comparison)
+
+
+def test_host_row_keys_equal_the_spec_row_keys() -> None:
+    # The sampler computes the row keys on the host (numpy uint32); they must be spec.sampling.row_keys bit for bit.
+    from fast.sampler import host_row_keys, seed_key
+    from spec.sampling import row_keys
+    from spec.sampling_params import MAX_SEED
+
+    rng = random.Random(7)
+    seeds = [0, 1, 2**31, 2**32 - 1, 2**32, MAX_SEED] + [rng.randrange(MAX_SEED + 1) for _ in range(500)]
+    positions = [0, 1, 2**31, 2**32 - 1, 2**32 + 3, 2**40] + [rng.randrange(2**33) for _ in range(500)]
+    expected = row_keys(torch.tensor(seeds), torch.tensor(positions))
+    keys = host_row_keys([seed_key(seed) for seed in seeds], positions)
+    assert torch.equal(torch.from_numpy(keys.astype("int64")), expected)
+
+
+def test_sampler_rows_set_the_same_columns_as_the_params() -> None:
+    # set_batch goes through Sampler.row / set_sampler_rows; the filters are decided by the sampling rows only.
+    from fast.sampler import Sampler
+    from spec.sampling import SamplingRow, SamplingTensors
+
+    rows = [
+        SamplingRow(SamplingParams(temperature=0.0, top_k=2), seed=3, output_position=0),  # greedy: ignored by filters
+        SamplingRow(SamplingParams(temperature=0.7, top_p=0.9), seed=2**40, output_position=5),
+        SamplingRow(SamplingParams(temperature=1.3, min_p=0.1, top_k=100), seed=11, output_position=2),
+    ]
+    sampler = Sampler(max_num_seqs=4, vocab_size=16, device="cpu")
+    sampler.set_rows(rows)
+    expected = SamplingTensors.from_rows(rows, 16, "cpu")
+    tensors = sampler._tensors
+    assert tensors is not None
+    for name in ("temperature", "top_k", "top_p", "min_p", "seeds", "positions", "is_greedy"):
+        assert torch.equal(getattr(tensors, name), getattr(expected, name)), name
+    assert sampler._max_top_k == 16 and not sampler._uses_top_k  # the greedy row's top_k=2 does not count
+    assert sampler._uses_top_p and sampler._uses_min_p
+    with pytest.raises(ValueError, match="positions"):
+        sampler.set_sampler_rows([sampler.row(SamplingParams(), 0)], [0, 1])

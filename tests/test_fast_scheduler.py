@@ -141,3 +141,33 @@ def test_schedule_and_update_build_no_snapshot() -> None:
     while scheduler.has_unfinished:
         plan = scheduler.schedule()
         scheduler.update(plan, {c.request_id: 4 for c in plan.chunks if c.samples})
+
+
+def test_finish_limits_flag_exactly_the_tokens_finish_reason_finishes_on() -> None:
+    # update calls finish_reason only for tokens _Admitted flags; they must be exactly the finishing ones.
+    from array import array
+
+    from fast.scheduler import _Admitted
+    from spec.request import finish_reason
+
+    eos, model_len = frozenset({0, 1}), 12
+    for ignore_eos in (False, True):
+        for stop in ((), (2,), (1, 5)):
+            for max_tokens in (1, 3, 20):
+                params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=stop)
+                request = Request("r", (7, 8, 9), params, seed=0, arrival_index=0)
+                state = _Admitted(request, array("i"), eos, model_len)
+                for token in range(7):
+                    for num_outputs in range(1, model_len - 2):
+                        request.output_token_ids[:] = [3] * (num_outputs - 1) + [token]
+                        flagged = token in state.stop_token_ids or num_outputs >= state.max_outputs
+                        assert flagged == (finish_reason(request, eos, model_len) is not None)
+
+
+def test_snapshot_counts_the_tokens_scheduled_until_the_update() -> None:
+    scheduler = FastScheduler(CONFIG)
+    scheduler.add(Request("r", (1, 2, 3), SamplingParams(temperature=0.0, max_tokens=3), seed=0, arrival_index=0))
+    plan = scheduler.schedule()
+    assert scheduler.snapshot().requests["r"].num_scheduled_tokens == 3
+    scheduler.update(plan, {"r": 4})
+    assert scheduler.snapshot().requests["r"].num_scheduled_tokens == 0

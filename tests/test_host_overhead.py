@@ -85,3 +85,34 @@ def test_stub_runner_pads_decode_steps_to_graph_sizes() -> None:
     )
     assert loads == [(3, None), (3, 4), (3, 4)]  # the prefill step, then two decode steps
     assert [len(output.token_ids) for output in outputs] == [3, 3, 3]
+
+
+def test_digest_is_recorded_and_repeatable(record: dict[str, object]) -> None:
+    # The digests fingerprint every plan, runner input and output: two runs of one tree agree.
+    digest = record["digest"]
+    assert digest["num_outputs"] == build_workload("offline-256", SCALE).phases[0].num_output_tokens
+    assert digest["num_plans"] == record["median_run"]["num_steps"]
+    phase = build_workload("offline-256", SCALE).phases[0]
+    assert host_overhead.digest_run(phase, host_overhead.HostSettings(scale=SCALE)) == digest
+
+
+def test_a_reused_request_id_samples_with_its_own_params() -> None:
+    # The engine keeps each request's sampler row from step to step; a new request that reuses the id of an
+    # aborted one must sample with its own seed, as on a fresh engine.
+    model_config = host_overhead.SHAPES[host_overhead.MODEL_SHAPE].model_config()
+
+    def params(seed: int) -> SamplingParams:
+        return SamplingParams(temperature=0.6, max_tokens=4, ignore_eos=True, seed=seed)
+
+    engine = host_overhead.HostOnlyFastEngine(model_config, EngineConfig(max_num_seqs=8))
+    engine.add_request([1, 2, 3], params(1), request_id="a")
+    engine.step()
+    engine.step()
+    engine.abort("a")
+    engine.add_request([1, 2, 3], params(2), request_id="a")
+    while engine.has_unfinished:
+        outputs = engine.step()
+    fresh = host_overhead.HostOnlyFastEngine(model_config, EngineConfig(max_num_seqs=8))
+    (expected,) = fresh.generate([[1, 2, 3]], params(2))
+    assert outputs[0].token_ids == expected.token_ids
+    assert len(engine._sampler_rows) == 0  # rows of finished and aborted requests are dropped

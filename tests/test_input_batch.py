@@ -92,3 +92,10 @@ def test_mixed_step_layout() -> None:
     assert slots.tolist() == [5 * 16 + 14, 5 * 16 + 15, 6 * 16 + 0, 9 * 16 + 8]
     assert logits.tolist() == [2, 3] and seq_lens.tolist() == [17, 41] and cu_seqlens.tolist() == [0, 3, 4]
     assert tables.tolist() == [[5, 6, PADDING_BLOCK], [7, 8, 9]]
+
+
+def test_a_decode_position_past_its_block_table_is_refused() -> None:
+    # The slot is read from the table's row: a table that does not cover the position must not read padding.
+    sequences = [SequenceInput([1], 0, array("i", [3]), [0]), SequenceInput([2], BLOCK_SIZE, array("i", [4]), [0])]
+    with pytest.raises(ValueError, match="does not cover"):
+        _batch().load(sequences)
