@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One nvidia-h200-x4 call, run from a `git archive` of the commit under test unpacked in .clean/.
 # GPUs 0,1: tensor parallelism: tp_bench (qwen3-8b, 2 ranks then 1), the GPU tests (fp32 0.6b, then bf16 8b).
-# GPU 2:    batch-invariant mode: the matmul benchmark, the GPU invariance tests, offline-256 and decode-bs1
-#           with the mode on (profiled) and off.
-# GPU 3:    the server under load, then offline-256 beside transformers, profiled.
+# GPU 2:    batch-invariant mode: the matmul benchmark, the GPU tests (invariance, the fast engine against the
+#           reference and transformers, the sampler), offline-256 with the mode on (profiled) and off.
+# GPU 3:    the server under load, offline-256 beside transformers (profiled), decode-bs1 with the mode on and off.
 # Each item runs only if its limit fits in what is left of the call; tracebacks of every process are
 # dumped periodically (.dbg/sitecustomize.py) in the tensor-parallel items, in case one hangs.
 set -o pipefail
@@ -37,23 +37,24 @@ DBG=(env PYTHONPATH="$ROOT/.dbg" TWINFER_DUMP_AFTER_S=150 TWINFER_RESULTS_DIR="$
 (
     run 2 invariant/invariant_matmul_bench 120 python -m reports.invariant_matmul_bench \
         --json "$R/invariant/invariant_matmul_bench.json" --shapes qwen3-0.6b,qwen3-8b
-    run 2 invariant/gpu_tests 200 env TWINFER_RESULTS_DIR="$R/invariant" python -m pytest -q -p no:cacheprovider \
-        -n 4 -m gpu -rA tests/test_batch_invariant_gpu.py tests/kernels/test_matmul.py
+    run 2 invariant/gpu_tests 240 env TWINFER_RESULTS_DIR="$R/invariant" python -m pytest -q -p no:cacheprovider \
+        -n 6 -m gpu -rA tests/test_batch_invariant_gpu.py tests/kernels/test_matmul.py tests/test_fast_gpu.py \
+        tests/test_sampler_independent.py tests/kernels/test_gumbel_sample.py
     run 2 invariant/offline-256-batch-invariant 100 python -m twinfer.cli bench offline-256 "${COMMON[@]}" \
         "${OFFLINE[@]}" --batch-invariant --profile --json "$R/invariant/offline-256-batch-invariant.json"
     run 2 invariant/offline-256-no-batch-invariant 70 python -m twinfer.cli bench offline-256 "${COMMON[@]}" \
         "${OFFLINE[@]}" --no-batch-invariant --json "$R/invariant/offline-256-no-batch-invariant.json"
-    for mode in batch-invariant no-batch-invariant; do
-        run 2 invariant/decode-bs1-$mode 45 python -m twinfer.cli bench decode-bs1 --shape qwen3-0.6b \
-            "${COMMON[@]}" --max-model-len 2048 --$mode --json "$R/invariant/decode-bs1-$mode.json"
-    done
 ) &
 (
     run 3 server/server_load 170 env PYTHONPATH=/tmp/site python -m reports.server_load --model qwen3-0.6b \
         --engine fast --dtype bfloat16 --clients 1,16,64,256 --modes thread,process --max-num-seqs 256 \
         --max-num-batched-tokens 8192 --max-model-len 2048 --client raw --clients-per-process 32 --json "$R/server/server_load.json"
-    run 3 bench/offline-256 330 python -m twinfer.cli bench offline-256 "${COMMON[@]}" "${OFFLINE[@]}" \
+    run 3 bench/offline-256 300 python -m twinfer.cli bench offline-256 "${COMMON[@]}" "${OFFLINE[@]}" \
         --baseline hf --profile --json "$R/bench/offline-256.json"
+    for mode in batch-invariant no-batch-invariant; do
+        run 3 invariant/decode-bs1-$mode 45 python -m twinfer.cli bench decode-bs1 --shape qwen3-0.6b \
+            "${COMMON[@]}" --max-model-len 2048 --$mode --json "$R/invariant/decode-bs1-$mode.json"
+    done
 ) &
 wait
 cat "$R/done.txt" "$R/skipped.txt" 2>/dev/null
