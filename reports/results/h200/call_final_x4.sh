@@ -59,3 +59,4 @@ DBG=(env PYTHONPATH="$ROOT/.dbg" TWINFER_DUMP_AFTER_S=150 TWINFER_RESULTS_DIR="$
 wait
 cat "$R/done.txt" "$R/skipped.txt" 2>/dev/null
 for f in "$R"/*/*.log; do echo "== $f"; tr '\r' '\n' < "$f" | grep -v '%|' | grep -v '^\s*$' | tail -n 6 | cut -c1-300; done
+tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"
