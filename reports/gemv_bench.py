@@ -119,19 +119,24 @@ class Result:
 # ----------------------------------------------------------------------------- timing
 
 
-def time_in_graph(call: Callable[[int], object], calls: int) -> list[float]:
+def time_in_graph(
+    call: Callable[[int], object],
+    calls: int,
+    warmup_replays: int = WARMUP_REPLAYS,
+    timed_replays: int = TIMED_REPLAYS,
+) -> list[float]:
     """Microseconds per call: `calls` calls (call(i) for i in range(calls)) captured in one CUDA
-    graph, replayed WARMUP_REPLAYS times, then TIMED_REPLAYS times each between two CUDA events."""
+    graph, replayed warmup_replays times, then timed_replays times each between two CUDA events."""
     call(0)  # compile / load, and cuBLAS's workspace, outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(calls):
             call(i)
-    for _ in range(WARMUP_REPLAYS):
+    for _ in range(warmup_replays):
         graph.replay()
     events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(TIMED_REPLAYS)
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(timed_replays)
     ]
     for start, end in events:
         start.record()

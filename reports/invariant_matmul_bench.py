@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from reports.gemv_bench import time_in_graph as graph_time_in_graph
 from reports.model_shapes import SHAPES as MODEL_SHAPES
 from reports.model_shapes import ModelShape
 
@@ -169,26 +170,9 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def time_in_graph(call: Callable[[int], object], calls: int) -> list[float]:
-    """Microseconds per call: `calls` calls (call(i) for i in range(calls)) captured in one CUDA
-    graph, replayed WARMUP_REPLAYS times, then TIMED_REPLAYS times each between two CUDA events."""
-    call(0)  # compile / load, and cuBLAS's workspace, outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            call(i)
-    for _ in range(WARMUP_REPLAYS):
-        graph.replay()
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(TIMED_REPLAYS)
-    ]
-    for start, end in events:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    del graph
-    return [start.elapsed_time(end) * 1e3 / calls for start, end in events]
+    """Microseconds per call, from calls captured in one CUDA graph (reports.gemv_bench.time_in_graph),
+    with this benchmark's shorter replay counts."""
+    return graph_time_in_graph(call, calls, WARMUP_REPLAYS, TIMED_REPLAYS)
 
 
 def weight_copies(weight_bytes: int, l2_bytes: int) -> int:

@@ -192,53 +192,59 @@ def _ids(token_ids: Sequence[int]) -> str:
     return "[" + ",".join(map(str, token_ids)) + "]"
 
 
-class CompletionChunkText:
+class _ChunkText:
+    """A streaming chunk's JSON text without pydantic (one per event at hundreds of streams): byte for
+    byte what the chunk model's model_dump_json() gives; None for a chunk with logprobs (those go
+    through the models). Subclasses write one choice's fields."""
+
+    OBJECT = ""
+
+    def __init__(self, response_id: str, created: int, model: str, with_ids: bool) -> None:
+        self.head = (
+            f'{{"id":{_json(response_id)},"object":"{self.OBJECT}","created":{int(created)},'
+            f'"model":{_json(model)},"choices":['
+        )
+        self.with_ids = with_ids
+
+    def __call__(self, advanced: Sequence[tuple[ChoiceState, ChoiceDelta]]) -> str | None:
+        parts = []
+        for choice, delta in advanced:
+            if _wants_logprobs(choice):
+                return None
+            parts.append(self._choice(choice, delta) + "}")
+        return self.head + ",".join(parts) + "]}"
+
+    def _choice(self, choice: ChoiceState, delta: ChoiceDelta) -> str:
+        raise NotImplementedError
+
+
+class CompletionChunkText(_ChunkText):
     """`completion_chunk(...).model_dump_json()` for chunks without logprobs; None for one with them."""
 
-    def __init__(self, response_id: str, created: int, model: str, with_ids: bool) -> None:
-        self.head = (
-            f'{{"id":{_json(response_id)},"object":"text_completion","created":{int(created)},'
-            f'"model":{_json(model)},"choices":['
+    OBJECT = "text_completion"
+
+    def _choice(self, choice: ChoiceState, delta: ChoiceDelta) -> str:
+        part = (
+            f'{{"index":{choice.spec.index},"text":{_json(delta.text)},"logprobs":null,'
+            f'"finish_reason":{_finish_json(delta.finish_reason)}'
         )
-        self.with_ids = with_ids
-
-    def __call__(self, advanced: Sequence[tuple[ChoiceState, ChoiceDelta]]) -> str | None:
-        parts = []
-        for choice, delta in advanced:
-            if _wants_logprobs(choice):
-                return None
-            part = (
-                f'{{"index":{choice.spec.index},"text":{_json(delta.text)},"logprobs":null,'
-                f'"finish_reason":{_finish_json(delta.finish_reason)}'
-            )
-            if self.with_ids:
-                if _is_first(choice, delta):
-                    part += f',"prompt_token_ids":{_ids(choice.spec.prompt_token_ids)}'
-                part += f',"token_ids":{_ids(delta.token_ids)}'
-            parts.append(part + "}")
-        return self.head + ",".join(parts) + "]}"
+        if self.with_ids:
+            if _is_first(choice, delta):
+                part += f',"prompt_token_ids":{_ids(choice.spec.prompt_token_ids)}'
+            part += f',"token_ids":{_ids(delta.token_ids)}'
+        return part
 
 
-class ChatChunkText:
+class ChatChunkText(_ChunkText):
     """`chat_chunk(...).model_dump_json()` for chunks without logprobs; None for one with them."""
 
-    def __init__(self, response_id: str, created: int, model: str, with_ids: bool) -> None:
-        self.head = (
-            f'{{"id":{_json(response_id)},"object":"chat.completion.chunk","created":{int(created)},'
-            f'"model":{_json(model)},"choices":['
-        )
-        self.with_ids = with_ids
+    OBJECT = "chat.completion.chunk"
 
-    def __call__(self, advanced: Sequence[tuple[ChoiceState, ChoiceDelta]]) -> str | None:
-        parts = []
-        for choice, delta in advanced:
-            if _wants_logprobs(choice):
-                return None
-            part = (
-                f'{{"index":{choice.spec.index},"delta":{{"content":{_json(delta.text)}}},"logprobs":null,'
-                f'"finish_reason":{_finish_json(delta.finish_reason)}'
-            )
-            if self.with_ids:
-                part += f',"token_ids":{_ids(delta.token_ids)}'
-            parts.append(part + "}")
-        return self.head + ",".join(parts) + "]}"
+    def _choice(self, choice: ChoiceState, delta: ChoiceDelta) -> str:
+        part = (
+            f'{{"index":{choice.spec.index},"delta":{{"content":{_json(delta.text)}}},"logprobs":null,'
+            f'"finish_reason":{_finish_json(delta.finish_reason)}'
+        )
+        if self.with_ids:
+            part += f',"token_ids":{_ids(delta.token_ids)}'
+        return part
