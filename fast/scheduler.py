@@ -12,9 +12,9 @@ What differs is the bookkeeping:
 - `snapshot` (the spec's state view, for invariant checks) is built only when asked for;
 - the per-step loops do only what a step can change (a decoding request's usual step: its new
   token fits in its last block, fills no block and finishes nothing): each running request keeps
-  its block table and its finishing limits from admission (`_Admitted`), so `schedule` asks the
-  allocator for blocks only when the table is full, `update` registers blocks only when one
-  filled, and calls spec.request.finish_reason only for a token that may finish the request.
+  its block table and its spec.request.FinishLimits from admission (`_Admitted`), so `schedule` asks
+  the allocator for blocks only when the table is full, and `update` registers blocks only when one
+  filled and checks a new token against limits it does not recompute.
 
 It changes a `Request` only through its methods (spec.request's contract).
 """
@@ -31,7 +31,7 @@ from fast.block_allocator import BlockAllocator, BlockHashChain
 from spec.block_hash import HashFunction, hash_block
 from spec.engine_config import EngineConfig
 from spec.invariants import RequestState, SchedulerSnapshot
-from spec.request import FinishReason, Request, RequestStatus, finish_reason
+from spec.request import FinishLimits, FinishReason, Request, RequestStatus
 from spec.scheduling import ScheduledChunk, StepPlan, max_prefix_hit_blocks
 
 
@@ -79,19 +79,13 @@ class _Tracked:
 
 class _Admitted:
     """What a running request's steps read, set when it is admitted: the allocator's block table
-    (grown in place until the request is freed) and when a new token may finish the request."""
+    (grown in place until the request is freed) and when a new token finishes the request."""
 
-    __slots__ = ("max_outputs", "stop_token_ids", "table")
+    __slots__ = ("limits", "table")
 
     def __init__(self, request: Request, table: array[int], eos_token_ids: frozenset[int], model_len: int) -> None:
         self.table = table
-        params = request.params
-        # finish_reason's STOP rule as one set: end-of-sequence ids unless ignore_eos, and the stop ids.
-        self.stop_token_ids = (frozenset() if params.ignore_eos else eos_token_ids) | frozenset(params.stop_token_ids)
-        # finish_reason's LENGTH rule as an output count: max_tokens outputs, or max_model_len tokens in all.
-        # So a token just appended can finish the request (finish_reason not None) exactly when it is in
-        # stop_token_ids or the request then holds max_outputs outputs.
-        self.max_outputs = min(params.max_tokens, model_len - len(request.prompt_token_ids))
+        self.limits = FinishLimits.of(request.params, len(request.prompt_token_ids), eos_token_ids, model_len)
 
 
 class Scheduler:
@@ -212,7 +206,7 @@ class Scheduler:
         `sampled` maps each sampling chunk's request id to its new token. Returns finished requests."""
         finished: list[Request] = []
         running, tracked, allocator, admitted = self._running, self._tracked, self.allocator, self._admitted
-        eos_token_ids, model_len, block_size = self.eos_token_ids, self.config.model_len, self.config.block_size
+        block_size = self.config.block_size
         for chunk in plan.chunks:
             request_id = chunk.request_id
             request = running[request_id]
@@ -226,13 +220,11 @@ class Scheduler:
             if chunk.samples:
                 token = sampled[request_id]
                 request.append_token(token)
-                state = admitted[request_id]
-                # finish_reason only for a token that can finish the request (exactly those; see _Admitted).
-                if token in state.stop_token_ids or len(request.output_token_ids) >= state.max_outputs:
-                    reason = finish_reason(request, eos_token_ids, model_len)
-                    if reason is not None:
-                        self._finish(request, reason)
-                        finished.append(request)
+                # spec.request.finish_reason's rules, from limits computed once at admission.
+                reason = admitted[request_id].limits.reason(token, len(request.output_token_ids))
+                if reason is not None:
+                    self._finish(request, reason)
+                    finished.append(request)
         self._plan = None
         return finished
 

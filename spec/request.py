@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
@@ -199,16 +200,36 @@ def prompt_logprob_positions(request: Request, start: int, num_tokens: int) -> r
     return range(start, min(start + num_tokens, len(request.prompt_token_ids) - 1))
 
 
+class FinishLimits(NamedTuple):
+    """When a request is finished, as data fixed for its whole life (an engine may keep it per request).
+
+    STOP: a stop token, i.e. an end-of-sequence id unless ignore_eos, or one of stop_token_ids.
+    LENGTH: max_tokens outputs, or max_model_len tokens in all (prompt + outputs).
+    """
+
+    stop_token_ids: frozenset[int]
+    max_outputs: int  # min(max_tokens, max_model_len - prompt length): LENGTH at this many outputs
+
+    @classmethod
+    def of(
+        cls, params: SamplingParams, num_prompt_tokens: int, eos_token_ids: frozenset[int], max_model_len: int
+    ) -> FinishLimits:
+        stop = (frozenset() if params.ignore_eos else frozenset(eos_token_ids)) | frozenset(params.stop_token_ids)
+        return cls(stop, min(params.max_tokens, max_model_len - num_prompt_tokens))
+
+    def reason(self, token: int, num_outputs: int) -> FinishReason | None:
+        """Why a request whose newest output is `token`, its num_outputs-th, is finished, or None."""
+        if token in self.stop_token_ids:
+            return FinishReason.STOP
+        if num_outputs >= self.max_outputs:
+            return FinishReason.LENGTH
+        return None
+
+
 def finish_reason(request: Request, eos_token_ids: frozenset[int], max_model_len: int) -> FinishReason | None:
-    """Why a request that just got a token is finished, or None: a stop token (end-of-sequence unless
-    ignore_eos, or one of stop_token_ids) is STOP; max_tokens outputs or max_model_len tokens is LENGTH."""
-    token = request.output_token_ids[-1]
-    params = request.params
-    if (not params.ignore_eos and token in eos_token_ids) or token in params.stop_token_ids:
-        return FinishReason.STOP
-    if len(request.output_token_ids) >= params.max_tokens or request.num_tokens >= max_model_len:
-        return FinishReason.LENGTH
-    return None
+    """Why a request that just got a token is finished, or None (the rules: FinishLimits)."""
+    limits = FinishLimits.of(request.params, len(request.prompt_token_ids), eos_token_ids, max_model_len)
+    return limits.reason(request.output_token_ids[-1], len(request.output_token_ids))
 
 
 def check_request(

@@ -144,11 +144,17 @@ def test_schedule_and_update_build_no_snapshot() -> None:
 
 
 def test_finish_limits_flag_exactly_the_tokens_finish_reason_finishes_on() -> None:
-    # update calls finish_reason only for tokens _Admitted flags; they must be exactly the finishing ones.
+    # update finishes a request by the FinishLimits its _Admitted keeps from admission (spec.request, where
+    # finish_reason uses them too): they must give the finishing rule, written out here independently.
     from array import array
 
     from fast.scheduler import _Admitted
-    from spec.request import finish_reason
+    from spec.request import FinishReason, finish_reason
+
+    def expected(params: SamplingParams, token: int, num_outputs: int, num_tokens: int) -> FinishReason | None:
+        if (not params.ignore_eos and token in eos) or token in params.stop_token_ids:
+            return FinishReason.STOP
+        return FinishReason.LENGTH if num_outputs >= params.max_tokens or num_tokens >= model_len else None
 
     eos, model_len = frozenset({0, 1}), 12
     for ignore_eos in (False, True):
@@ -160,8 +166,9 @@ def test_finish_limits_flag_exactly_the_tokens_finish_reason_finishes_on() -> No
                 for token in range(7):
                     for num_outputs in range(1, model_len - 2):
                         request.output_token_ids[:] = [3] * (num_outputs - 1) + [token]
-                        flagged = token in state.stop_token_ids or num_outputs >= state.max_outputs
-                        assert flagged == (finish_reason(request, eos, model_len) is not None)
+                        want = expected(params, token, num_outputs, request.num_tokens)
+                        assert state.limits.reason(token, num_outputs) == want
+                        assert finish_reason(request, eos, model_len) == want
 
 
 def test_snapshot_counts_the_tokens_scheduled_until_the_update() -> None:
