@@ -7,9 +7,10 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import pytest
 import torch
+import triton
 from hypothesis import given
 
-from fast.kernels.matmul import MatmulConfig, invariant_linear, matmul_config, matmul_tiles
+from fast.kernels.matmul import invariant_linear, matmul_config, matmul_tiles
 from tests.kernels.reference import DEVICE, assert_close_scaled
 from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
 
@@ -123,15 +124,18 @@ def test_out_argument_and_empty_batch() -> None:
     assert invariant_linear(x[:0], weight).shape == (0, 20)
 
 
-def test_default_tiles() -> None:
-    """The values the module docstring's worked example and matmul_tiles' docstring state."""
-    assert matmul_tiles(4096, 1024, torch.bfloat16) == MatmulConfig(64, 128, 64, 4, 4, 8)
-    assert matmul_tiles(151936, 1024, torch.bfloat16) == MatmulConfig(64, 128, 64, 4, 4, 8)
-    assert matmul_tiles(1024, 3072, torch.bfloat16) == MatmulConfig(64, 64, 128, 4, 4, 8)
-    assert matmul_tiles(1024, 3072, torch.float32).block_k == 64  # fp32 halves BLOCK_K
-    assert matmul_tiles(4096, 1024, torch.float32).block_k == 32
-    assert matmul_tiles(20, 24, torch.float16)[1:3] == (32, 32)  # small weights: next power of two
-    assert matmul_config(4096, 1024, torch.bfloat16, block_m=128, group_m=0) == MatmulConfig(128, 128, 64, 4, 4, 0)
+def test_default_tiles_depend_on_the_weight_and_dtype_by_their_rules() -> None:
+    """matmul_tiles' stated rules, each against another call: never M (it has no M argument), the
+    same row tile for every weight, fp32 halving BLOCK_K, small weights rounded up to a power of two,
+    and overrides replacing only the fields given."""
+    shapes = [(4096, 1024), (151936, 1024), (1024, 3072), (20, 24)]
+    assert len({matmul_tiles(n, k, torch.bfloat16).block_m for n, k in shapes}) == 1
+    for n, k in [(4096, 1024), (1024, 3072)]:
+        assert matmul_tiles(n, k, torch.float32).block_k * 2 == matmul_tiles(n, k, torch.bfloat16).block_k
+    small = matmul_tiles(20, 24, torch.float16)
+    assert (small.block_n, small.block_k) == (triton.next_power_of_2(20), triton.next_power_of_2(24))
+    base = matmul_tiles(4096, 1024, torch.bfloat16)
+    assert matmul_config(4096, 1024, torch.bfloat16, block_m=128, group_m=0) == base._replace(block_m=128, group_m=0)
 
 
 @pytest.mark.parametrize(
