@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One nvidia-h200-x2 call (the x4 kind was not lent, so tensor parallelism is left out), run from a
+# One nvidia-h200-x2 call (an nvidia-h200-x4 call with tensor parallelism on GPUs 0,1 was refused: that kind
+# was not lent), run from a
 # `git archive` of the commit under test unpacked in .clean/.
 # GPU 0:    batch-invariant mode: the matmul benchmark, the GPU tests (invariance, the fast engine against the
 #           reference and transformers, the sampler), offline-256 with the mode on (profiled) and off.
