@@ -76,13 +76,14 @@ class ProcessGroups:
     rank: int
     world_size: int
     device: torch.device
-    compute: dist.ProcessGroup
-    control: dist.ProcessGroup
+    # None once destroyed: see destroy().
+    compute: dist.ProcessGroup | None
+    control: dist.ProcessGroup | None
     owns_world: bool  # this code initialised the default group (and so destroys it)
 
     @property
     def backend(self) -> str:
-        return str(dist.get_backend(self.compute))
+        return str(dist.get_backend(self.compute)) if self.compute is not None else "destroyed"
 
     def abort(self) -> None:
         """NCCL: abort the communicators, so that a GPU stream waiting for a dead peer returns.
@@ -95,14 +96,22 @@ class ProcessGroups:
             logger.warning("could not abort the NCCL process group", exc_info=True)
 
     def destroy(self) -> None:
-        if not dist.is_initialized():  # destroyed already, or aborted
-            return
+        """Destroy the groups, then drop this process's references to them.
+
+        destroy_process_group leaves a gloo group's worker threads running for as long as its
+        ProcessGroup object lives. An engine still referenced at interpreter exit would then be
+        finalised with those threads alive, and that can end the process in std::terminate (SIGABRT,
+        see pytorch/pytorch#179291; it failed CI once, on a torchrun rank). So the objects go now."""
         try:
-            dist.destroy_process_group(self.control)
-            if self.owns_world:
-                dist.destroy_process_group()
+            if dist.is_initialized():  # else destroyed already, or aborted
+                if self.control is not None:
+                    dist.destroy_process_group(self.control)
+                if self.owns_world:
+                    dist.destroy_process_group()
         except Exception:  # a group whose peer died may refuse; the process is leaving it anyway
             logger.warning("could not destroy the tensor-parallel process groups cleanly", exc_info=True)
+        finally:
+            self.compute = self.control = None
 
 
 def init_process_groups(

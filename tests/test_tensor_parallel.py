@@ -310,17 +310,24 @@ def test_a_worker_that_raises_makes_rank_0_raise_with_its_error_and_nothing_is_l
 
 
 _TORCHRUN_SCRIPT = """
-import json, sys, torch
+import json, os, sys, time, torch
 from fast.engine import FastEngine
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
+def threads():
+    return len(os.listdir("/proc/self/task"))
 torch.set_num_threads(1)
+threads_before = threads()
 engine = FastEngine.from_pretrained(sys.argv[1], EngineConfig(block_size=8, num_blocks=16), "float32", "cpu",
                                     tensor_parallel_size=2)
 # Only rank 0 gets here: the other rank served inside the constructor and left with exit code 0.
 outputs = engine.generate(json.loads(sys.argv[2]), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
 engine.shutdown()
 print("TOKENS", json.dumps([list(output.token_ids) for output in outputs]))
+deadline = time.monotonic() + 10  # the teardown thread's OS thread may take a moment to be reaped
+while threads() > threads_before and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("THREADS", threads_before, threads())
 """
 
 
@@ -344,8 +351,12 @@ def test_ranks_from_the_environment_as_torchrun_sets_them(tiny_checkpoint: Path,
             )  # fmt: skip
         )
     results = [process.communicate(timeout=240) for process in processes]
-    for process, (_, stderr) in zip(processes, results, strict=True):
-        assert process.returncode == 0, stderr[-3000:]
+    for rank, (process, (_, stderr)) in enumerate(zip(processes, results, strict=True)):
+        assert process.returncode == 0, f"rank {rank}: {stderr[-3000:]}"
+    # The engine, still referenced, keeps no gloo threads after shutdown: threads alive at
+    # interpreter exit could end rank 0 in std::terminate (ProcessGroups.destroy says why).
+    threads = [line.split()[1:] for line in results[0][0].splitlines() if line.startswith("THREADS ")]
+    assert len(threads) == 1 and threads[0][0] == threads[0][1], threads
     printed = [line for line in results[0][0].splitlines() if line.startswith("TOKENS ")]
     assert len(printed) == 1 and "TOKENS" not in results[1][0]
     reference = make_engine(block_size=8, num_blocks=16)
