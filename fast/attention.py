@@ -14,7 +14,10 @@ row then always reduces over its keys in the same BLOCK_N tiles from key 0, whet
 in a prefill chunk, in a decode step, or after a prefix-cache hit. (Tiles past a row's position add
 exactly nothing: their scores are -inf, so the running max, sum and output are unchanged.) Every tile
 takes the kernel's masked path there: the masked and unmasked paths round differently on a GPU, and
-which tiles are unmasked depends on where a row's query block starts.
+which tiles are unmasked depends on where a row's query block starts. The mode's tiles are fixed
+(INVARIANT_BLOCK_M, INVARIANT_BLOCK_N) and its rows are packed GQA rows: a query row's arithmetic
+is then one sequence of instructions in every step, and a decode token's program fills group_size
+of its INVARIANT_BLOCK_M rows instead of one of 128.
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ DECODE_SPLIT_SIZE = 512
 # is what the larger split saves at large batches.
 SMALL_BATCH_SPLIT_SIZE = 128
 SMALL_BATCH_MAX_SEQS = 64
+
+
+# Batch-invariant mode's attention tiles, one choice for every step of every engine (see the module
+# docstring). 16 rows: a decode step's program (one token x group_size heads) leaves the rest of the
+# tile idle, and the idle rows' exp2 and MMA work is what a larger tile costs; 16 is the smallest
+# row count of a tensor-core MMA. 64 keys per tile halves the loop trips of 32.
+INVARIANT_BLOCK_M = 16
+INVARIANT_BLOCK_N = 64
 
 
 def decode_split_size(max_num_seqs: int) -> int:
@@ -90,7 +101,8 @@ class StepAttention:
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """q [T, H, D] (rows may be strided) -> [T, H, D] contiguous."""
         meta, backend = self.metadata, self.backend
-        if meta.is_decode and not backend.batch_invariant:
+        invariant = backend.batch_invariant
+        if meta.is_decode and not invariant:
             return decode_attention(
                 q,
                 k_cache,
@@ -111,5 +123,8 @@ class StepAttention:
             v_cache,
             backend.scale,
             meta.max_query_len,
-            always_mask=backend.batch_invariant,
+            always_mask=invariant,
+            pack_gqa=invariant,
+            block_m=INVARIANT_BLOCK_M if invariant else None,
+            block_n=INVARIANT_BLOCK_N if invariant else None,
         )

@@ -19,6 +19,12 @@ sequence. Heads vary fastest, so the heads of a GQA group run side by side and s
 K/V tiles through L2. Query blocks are visited last-first, so the longest programs (most keys
 under the diagonal) start first and the short ones fill the tail.
 
+Packed GQA rows (PACK_GQA, batch-invariant mode): grid (num_kv_heads, num_m_blocks, num_seqs), and
+a program's BLOCK_M rows are (token, head) pairs of the query heads that share one KV head:
+row r = token r // group_size, head kv_head * group_size + r % group_size. With group_size 2 and
+BLOCK_M 16, a program holds 8 tokens x 2 heads; a decode step's program holds 1 token x 2 heads
+(2 live rows of 16, against 1 of BLOCK_M unpacked), and each K/V tile is read once per KV head.
+
 Key tiles are visited in two loops: tiles fully under the causal diagonal need no mask; only
 the few tiles that cross the diagonal are masked. Tiles entirely above the diagonal are never
 visited (the loop stops at the last key any query of the block can see).
@@ -125,14 +131,30 @@ def _prefill_attention_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ALWAYS_MASK: tl.constexpr,
+    PACK_GQA: tl.constexpr,
 ):
-    q_head = tl.program_id(0)
     m_block = num_m_blocks - 1 - tl.program_id(1)  # heavy (late) query blocks first
     seq = tl.program_id(2)
+    lanes = tl.arange(0, BLOCK_M)
+    if PACK_GQA:
+        # Lane r: token r // group_size of the block, head r % group_size of the KV head's group;
+        # group_size 3, BLOCK_M 16 -> 5 tokens in lanes 0..14, lane 15 idle.
+        kv_head = tl.program_id(0)
+        tokens_per_block = BLOCK_M // group_size
+        lane_token = lanes // group_size
+        lane_head = kv_head * group_size + lanes % group_size
+        lane_valid = lane_token < tokens_per_block
+    else:
+        q_head = tl.program_id(0)
+        kv_head = q_head // group_size
+        tokens_per_block = BLOCK_M
+        lane_token = lanes
+        lane_head = tl.full([BLOCK_M], 0, dtype=tl.int32) + q_head
+        lane_valid = lanes < BLOCK_M
 
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    m_start = m_block * BLOCK_M
+    m_start = m_block * tokens_per_block
     if m_start >= q_len:
         # The grid is sized for the longest sequence (max_seqlen_q); shorter ones have fewer blocks.
         return
@@ -141,14 +163,14 @@ def _prefill_attention_kernel(
 
     # Rows of this block: seq_len=1000, q_len=300 (context 700), BLOCK_M=128, m_block 2 ->
     # rows 256..383, valid 256..299, at positions 956..999.
-    rows = m_start + tl.arange(0, BLOCK_M)
-    row_valid = rows < q_len
+    rows = m_start + lane_token
+    row_valid = lane_valid & (rows < q_len)
     query_positions = context + rows
     dims = tl.arange(0, HEAD_DIM)
-    q_offsets = (q_start + rows).to(tl.int64)[:, None] * q_token_stride + q_head * q_head_stride + dims[None, :]
+    row_offsets = (q_start + rows).to(tl.int64)
+    q_offsets = row_offsets[:, None] * q_token_stride + lane_head[:, None] * q_head_stride + dims[None, :]
     q = tl.load(q_ptr + q_offsets, mask=row_valid[:, None], other=0.0)
 
-    kv_head = q_head // group_size
     slot_stride = num_kv_heads * HEAD_DIM
     head_offset = kv_head * HEAD_DIM
     block_table_row = block_tables_ptr + seq.to(tl.int64) * block_table_stride
@@ -167,9 +189,9 @@ def _prefill_attention_kernel(
         # differently on a GPU (the compiler fuses scale and max subtraction into one FMA only where no
         # mask sits between them), so a row's result must not depend on the path its tiles took.
         unmasked_end = 0
-    # The block's last valid row sees keys up to context + min(m_start + BLOCK_M, q_len) - 1;
+    # The block's last valid row sees keys up to context + min(m_start + tokens_per_block, q_len) - 1;
     # tiles past that are above the diagonal for every row and are not visited at all.
-    key_end = context + tl.minimum(m_start + BLOCK_M, q_len)
+    key_end = context + tl.minimum(m_start + tokens_per_block, q_len)
     for tile_start in range(0, unmasked_end, BLOCK_N):
         acc, row_max, row_sum = _attend_tile(
             q,
@@ -216,7 +238,7 @@ def _prefill_attention_kernel(
     # Padding rows have row_sum 0; divide by 1 instead and never store them.
     safe_sum = tl.where(row_sum > 0, row_sum, 1.0)
     result = acc / safe_sum[:, None]
-    out_offsets = (q_start + rows).to(tl.int64)[:, None] * out_token_stride + q_head * out_head_stride + dims[None, :]
+    out_offsets = row_offsets[:, None] * out_token_stride + lane_head[:, None] * out_head_stride + dims[None, :]
     tl.store(out_ptr + out_offsets, result.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
@@ -254,11 +276,14 @@ def prefill_attention(
     num_stages: int | None = None,
     out: torch.Tensor | None = None,
     always_mask: bool = False,
+    pack_gqa: bool = False,
 ) -> torch.Tensor:
     """Causal attention of packed queries over their paged caches; returns [num_tokens, num_q_heads, head_dim].
 
     always_mask: take the masked path for every key tile, so that a query row's arithmetic does not
         depend on where its query block starts (batch-invariant mode; slower).
+    pack_gqa: a program's rows are (token, head) pairs of one KV head's query heads (block_m must
+        hold a whole group): a one-token query fills group_size rows of the tile instead of one.
 
     max_seqlen_q: host-known maximum of the q lengths (sizes the grid; no device sync).
     Requirements not checked (they would need a sync): cu_seqlens_q is non-decreasing with
@@ -284,8 +309,13 @@ def prefill_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
 
-    num_m_blocks = triton.cdiv(max_seqlen_q, block_m)
-    _prefill_attention_kernel[(num_q_heads, num_m_blocks, num_seqs)](
+    group_size = num_q_heads // num_kv_heads
+    if pack_gqa and group_size > block_m:
+        raise ValueError(f"pack_gqa needs block_m >= the GQA group size ({group_size}); got block_m={block_m}")
+    tokens_per_block = block_m // group_size if pack_gqa else block_m
+    num_m_blocks = triton.cdiv(max_seqlen_q, tokens_per_block)
+    program_heads = num_kv_heads if pack_gqa else num_q_heads
+    _prefill_attention_kernel[(program_heads, num_m_blocks, num_seqs)](
         q,
         k_cache,
         v_cache,
@@ -299,7 +329,7 @@ def prefill_attention(
         out.stride(1),
         block_tables.stride(0),
         num_kv_heads,
-        num_q_heads // num_kv_heads,
+        group_size,
         num_m_blocks,
         scale * _LOG2_E,
         HEAD_DIM=head_dim,
@@ -309,6 +339,7 @@ def prefill_attention(
         # fp32 inputs: full-precision dot (Triton's default would be tf32 on GPUs).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         ALWAYS_MASK=always_mask,
+        PACK_GQA=pack_gqa,
         num_warps=num_warps or default_warps,
         num_stages=num_stages or default_stages,
     )

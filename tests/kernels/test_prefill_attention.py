@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 
+from fast.attention import INVARIANT_BLOCK_M, INVARIANT_BLOCK_N
 from fast.kernels.prefill_attention import prefill_attention
 from reports.kernel_reference import reference_causal_attention
 from tests.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache, poisoned_like
@@ -27,6 +28,7 @@ def _run_case(
     block_m: int | None = None,
     block_n: int | None = None,
     always_mask: bool = False,
+    pack_gqa: bool = False,
 ) -> None:
     generator = seeded_generator(seed)
     cache = build_paged_cache(seq_lens, block_size, num_kv_heads, head_dim, dtype, generator)
@@ -49,6 +51,7 @@ def _run_case(
         block_n=block_n,
         out=out,
         always_mask=always_mask,
+        pack_gqa=pack_gqa,
     )
     assert result is out
     expected = torch.cat(
@@ -228,11 +231,45 @@ def test_prefill_always_mask_matches_reference(dtype: torch.dtype) -> None:
     )
 
 
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("group", [1, 2, 3])
+def test_packed_gqa_rows_match_reference(dtype: torch.dtype, group: int) -> None:
+    """Batch-invariant mode's packed rows ((token, head) pairs of one KV head): decode-like and
+    prefill-like sequences in one call, a group of 3 leaving a lane of the 16 idle."""
+    _run_case(
+        seq_lens=[70, 33, 5],
+        q_lens=[70, 1, 5],
+        num_kv_heads=2,
+        group=group,
+        head_dim=32,
+        block_size=16,
+        dtype=dtype,
+        seed=3,
+        block_m=16,
+        block_n=16,
+        always_mask=True,
+        pack_gqa=True,
+    )
+
+
+def test_packed_gqa_refuses_a_group_wider_than_the_tile() -> None:
+    cache = build_paged_cache([4], 16, 1, 16, torch.float32, seeded_generator(0))
+    q = torch.zeros((4, 32, 16), device=DEVICE)
+    cu = torch.tensor([0, 4], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="GQA group size"):
+        prefill_attention(
+            q, cu, cache.seq_lens, cache.block_tables, cache.k_cache, cache.v_cache, 0.25, 4, block_m=16, pack_gqa=True
+        )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_query_row_is_bitwise_the_same_however_its_prompt_is_chunked_gpu(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["default-tiles", "invariant-mode-tiles"])
+def test_a_query_row_is_bitwise_the_same_however_its_prompt_is_chunked_gpu(dtype: torch.dtype, packed: bool) -> None:
     """always_mask: the last query of a sequence gives the same bits computed alone (a decode) or as the
-    last row of a chunk that starts anywhere (the tiles it visits unmasked would otherwise depend on that)."""
+    last row of a chunk that starts anywhere (the tiles it visits unmasked would otherwise depend on that).
+    With batch-invariant mode's packed GQA tiles too, where the chunk decides the row's lane in its tile."""
+    tiles = dict(pack_gqa=True, block_m=INVARIANT_BLOCK_M, block_n=INVARIANT_BLOCK_N) if packed else {}
     generator = seeded_generator(9)
     seq_len, num_kv_heads, group, head_dim = 700, 2, 4, 128
     cache = build_paged_cache([seq_len], 16, num_kv_heads, head_dim, dtype, generator)
@@ -251,6 +288,7 @@ def test_a_query_row_is_bitwise_the_same_however_its_prompt_is_chunked_gpu(dtype
             head_dim**-0.5,
             q_len,
             always_mask=True,
+            **tiles,
         )
         results.append(out[-1])
     assert all(torch.equal(result, results[0]) for result in results[1:])
