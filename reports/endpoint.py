@@ -20,7 +20,12 @@ sent with `echo` and `logprobs` and `max_tokens` 1, and the server's prompt logp
 baseline's positions give its top-k and argmax there, compared with the baseline under the same
 agreement rule. This isolates numerical error from the compounding of an early divergence. Servers
 that do not return prompt logprobs with `echo` (the hosted OpenAI API, for one) are reported as
-such, with the reason, rather than failing the diff.
+such, with the reason, rather than failing the diff. The report scores whole sequences the same way
+(`endpoint_teacher_forced`).
+
+Errors: `EndpointUnreachable` when no answer came at all (the endpoint is not there to be checked),
+`EndpointRefused` for an HTTP error status, `EchoUnsupported` when echo brings no prompt logprobs,
+and plain `EndpointError` for an answer that cannot be used.
 """
 
 from __future__ import annotations
@@ -50,6 +55,22 @@ TraceRunner = Callable[[Sequence[Sequence[int]]], list[Trace]]
 
 class EndpointError(TwinferError):
     """An endpoint could not be reached, refused a request, or answered something unusable."""
+
+
+class EndpointUnreachable(EndpointError):
+    """No answer at all: connection refused, a timeout, a broken connection."""
+
+
+class EndpointRefused(EndpointError):
+    """The server answered with an HTTP error status."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class EchoUnsupported(EndpointError):
+    """The server gives no prompt logprobs with `echo`, so nothing can be scored teacher-forced."""
 
 
 def is_endpoint(engine: str) -> bool:
@@ -111,10 +132,20 @@ class EndpointClient:
     def __post_init__(self) -> None:
         self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout_s)
         if self.model_name is None:
-            self.model_name = self._discover_model()
+            try:
+                self.model_name = self._discover_model()
+            except EndpointError:
+                self.close()
+                raise
 
     def close(self) -> None:
         self._http.close()
+
+    def __enter__(self) -> EndpointClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def complete(self, body: dict[str, object]) -> dict:
         request = {"model": self.model_name, **body, **(EXTENSIONS if self.use_extensions else {})}
@@ -127,22 +158,31 @@ class EndpointClient:
             request = {key: value for key, value in request.items() if key not in EXTENSIONS}
             response = self._post(request)
         if response.status_code != 200:
-            raise EndpointError(
-                f"{self.base_url}/completions answered HTTP {response.status_code}: {_error_message(response)}"
+            raise EndpointRefused(
+                f"{self.base_url}/completions answered HTTP {response.status_code}: {_error_message(response)}",
+                response.status_code,
             )
-        return response.json()
+        try:
+            return response.json()
+        except ValueError as error:
+            raise EndpointError(f"{self.base_url}/completions answered something that is not JSON: {error}") from error
 
     def _post(self, request: dict[str, object]) -> httpx.Response:
+        return self._send("POST", "/completions", json=request)
+
+    def _send(self, method: str, path: str, **options: object) -> httpx.Response:
         try:
-            return self._http.post("/completions", json=request)
+            return self._http.request(method, path, **options)
+        except httpx.TransportError as error:
+            raise EndpointUnreachable(f"cannot reach {self.base_url}{path}: {error}") from error
         except httpx.HTTPError as error:
-            raise EndpointError(f"cannot reach {self.base_url}/completions: {error}") from error
+            raise EndpointError(f"{self.base_url}{path}: {error}") from error
 
     def _discover_model(self) -> str:
+        response = self._send("GET", "/models")
         try:
-            response = self._http.get("/models")
             models = response.json()["data"] if response.status_code == 200 else []
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError) as error:
             raise EndpointError(f"cannot list the models of {self.base_url}: {error}") from error
         if not models:
             raise EndpointError(f"{self.base_url}/models lists no model (HTTP {response.status_code})")
@@ -182,16 +222,21 @@ def greedy_traces(
     concurrency: int = DEFAULT_CONCURRENCY,
 ) -> EndpointTraces:
     body = {"max_tokens": max_new_tokens, "temperature": 0.0, "logprobs": top_k}
-    # The first request alone settles whether the extensions are accepted before the rest go out.
-    responses = [client.complete({**body, "prompt": list(prompts[0])})] if prompts else []
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        responses += list(pool.map(lambda prompt: client.complete({**body, "prompt": list(prompt)}), prompts[1:]))
+    responses = _complete_all(client, [{**body, "prompt": list(prompt)} for prompt in prompts], concurrency)
     traces, unmapped = [], 0
     for index, response in enumerate(responses):
         trace, missing = _greedy_trace(response, resolver, index)
         traces.append(trace)
         unmapped += missing
     return EndpointTraces(traces, list(client.notes), unmapped)
+
+
+def _complete_all(client: EndpointClient, bodies: Sequence[dict[str, object]], concurrency: int) -> list[dict]:
+    # The first request alone settles whether the extensions are accepted before the rest go out.
+    responses = [client.complete(bodies[0])] if bodies else []
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        responses += list(pool.map(client.complete, bodies[1:]))
+    return responses
 
 
 def _greedy_trace(response: dict, resolver: TokenResolver, index: int) -> tuple[Trace, int]:
@@ -274,13 +319,10 @@ def run_greedy(
     concurrency: int = DEFAULT_CONCURRENCY,
 ) -> EndpointTraces:
     """Like `endpoint_runner`, keeping the notes and the count of unmappable alternatives for the record."""
-    client = EndpointClient(base_url, model_name)
-    try:
+    with EndpointClient(base_url, model_name) as client:
         return greedy_traces(
             client, TokenResolver.for_checkpoint(model_checkpoint), prompts, max_new_tokens, top_k, concurrency
         )
-    finally:
-        client.close()
 
 
 # -- teacher-forced ---------------------------------------------------------------------------------
@@ -321,60 +363,108 @@ def teacher_forced_check(
     """Score each prompt + baseline tokens on the endpoint (echo, prompt logprobs) and compare with the baseline."""
     if len(prompts) != len(baseline_traces):
         raise ValueError(f"{len(prompts)} prompts but {len(baseline_traces)} baseline traces")
-    client = EndpointClient(base_url, model_name)
-    resolver = TokenResolver.for_checkpoint(model_checkpoint)
-    try:
-        bodies = [
-            {
-                "prompt": [*prompt, *trace.token_ids],
-                "max_tokens": 1,
-                "temperature": 0.0,
-                "logprobs": top_k,
-                "echo": True,
-            }
-            for prompt, trace in zip(prompts, baseline_traces, strict=True)
-        ]
+    sequences = [[*prompt, *trace.token_ids] for prompt, trace in zip(prompts, baseline_traces, strict=True)]
+    with EndpointClient(base_url, model_name) as client:
         try:
-            responses = [client.complete(bodies[0])] if bodies else []
-            with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                responses += list(pool.map(client.complete, bodies[1:]))
-        except EndpointError as error:
+            echoed = echo_positions(
+                client,
+                TokenResolver.for_checkpoint(model_checkpoint),
+                sequences,
+                [len(prompt) for prompt in prompts],
+                top_k,
+                concurrency,
+            )
+        except (EchoUnsupported, EndpointRefused, EndpointUnreachable) as error:
             return TeacherForcedResult(False, f"not supported by this server: {error}")
-        candidates = []
-        for index, (prompt, trace, response) in enumerate(zip(prompts, baseline_traces, responses, strict=True)):
-            candidate = _forced_trace(response, resolver, len(prompt), trace)
-            if candidate is None:
-                return TeacherForcedResult(
-                    False, f"not supported by this server: no prompt logprobs came back with echo (prompt {index})"
-                )
-            candidates.append(candidate)
-    finally:
-        client.close()
+    candidates = [_forced_trace(entries) for entries in echoed.positions]
     comparisons = [
         compare_traces(c, b, logprob_tolerance, rule) for c, b in zip(candidates, baseline_traces, strict=True)
     ]
-    notes = "; ".join(client.notes)
+    notes = "; ".join(echoed.notes)
     return TeacherForcedResult(
         True, "teacher-forced through echo with prompt logprobs" + (f" ({notes})" if notes else ""), comparisons
     )
 
 
-def _forced_trace(response: dict, resolver: TokenResolver, prompt_len: int, baseline: Trace) -> Trace | None:
-    """The endpoint's argmax and top-k at each baseline position, or None when it sent no prompt logprobs."""
-    choice = _only_choice(response, 0)
+def _forced_trace(entries: Sequence[dict[int, float]]) -> Trace:
+    """The endpoint's argmax and top-k at each baseline position."""
+    tokens = [min(entry, key=lambda t: (-entry[t], t)) for entry in entries]  # ties to the lowest id (spec.sampling)
+    return Trace(tuple(tokens), tuple(entries))
+
+
+@dataclass
+class EchoedPositions:
+    """Per sequence, per position p >= its start: the mapped top-k alternatives | {sequence[p]: its logprob}."""
+
+    positions: list[list[dict[int, float]]]
+    notes: list[str]
+    unmapped_alternatives: int
+
+
+def endpoint_teacher_forced(
+    base_url: str,
+    model_checkpoint: str | Path | None,
+    sequences: Sequence[Sequence[int]],
+    top_k: int,
+    model_name: str | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> EchoedPositions:
+    """Every position p >= 1 of each sequence scored by the endpoint given tokens [0, p), for the report's
+    teacher-forced cells. Raises EchoUnsupported when the server gives no prompt logprobs with echo."""
+    with EndpointClient(base_url, model_name) as client:
+        return echo_positions(
+            client,
+            TokenResolver.for_checkpoint(model_checkpoint),
+            sequences,
+            [1] * len(sequences),
+            top_k,
+            concurrency,
+        )
+
+
+def echo_positions(
+    client: EndpointClient,
+    resolver: TokenResolver,
+    sequences: Sequence[Sequence[int]],
+    starts: Sequence[int],
+    top_k: int,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> EchoedPositions:
+    """Send each sequence with echo (max_tokens 1, greedy) and read its prompt logprobs from `starts[i]` on."""
+    bodies = [
+        {"prompt": list(sequence), "max_tokens": 1, "temperature": 0.0, "logprobs": top_k, "echo": True}
+        for sequence in sequences
+    ]
+    try:
+        responses = _complete_all(client, bodies, concurrency)
+    except EndpointRefused as error:
+        if error.status_code >= 500:
+            raise  # the server broke, rather than declined: a failure, not a missing feature
+        raise EchoUnsupported(f"echo with prompt logprobs was refused: {error}") from error
+    positions, unmapped = [], 0
+    for index, (sequence, start, response) in enumerate(zip(sequences, starts, responses, strict=True)):
+        entries, missing = _echo_entries(response, resolver, sequence, start, index)
+        positions.append(entries)
+        unmapped += missing
+    return EchoedPositions(positions, list(client.notes), unmapped)
+
+
+def _echo_entries(
+    response: dict, resolver: TokenResolver, sequence: Sequence[int], start: int, index: int
+) -> tuple[list[dict[int, float]], int]:
+    """One echo response's entries from `start` on, and how many alternatives could not be mapped."""
+    choice = _only_choice(response, index)
     logprobs = choice.get("logprobs") or {}
     chosen, tops = logprobs.get("token_logprobs") or [], logprobs.get("top_logprobs") or []
-    end = prompt_len + len(baseline.token_ids)
-    if len(chosen) < end or len(tops) < end or any(chosen[p] is None for p in range(prompt_len, end)):
-        return None
-    tokens, entries = [], []
-    for offset, token_id in enumerate(baseline.token_ids):
-        position = prompt_len + offset
-        mapped, _ = _top_ids(resolver, tops[position] or {})
-        entry = mapped | {token_id: float(chosen[position])}
-        tokens.append(min(entry, key=lambda t: (-entry[t], t)))  # argmax, ties to the lowest id (spec.sampling)
-        entries.append(entry)
-    return Trace(tuple(tokens), tuple(entries))
+    end = len(sequence)
+    if len(chosen) < end or len(tops) < end or any(chosen[p] is None for p in range(start, end)):
+        raise EchoUnsupported(f"no prompt logprobs came back with echo (prompt {index})")
+    entries, unmapped = [], 0
+    for position in range(start, end):
+        mapped, missing = _top_ids(resolver, tops[position] or {})
+        entries.append(mapped | {sequence[position]: float(chosen[position])})
+        unmapped += missing
+    return entries, unmapped
 
 
 def _tokenizer(model_checkpoint: str | Path | None):

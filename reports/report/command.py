@@ -50,6 +50,23 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--sections", default=",".join(SECTIONS), help=f"comma-separated sections to run (default {','.join(SECTIONS)})"
     )
     parser.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="openai:URL",
+        help=(
+            "an OpenAI-compatible server to add to the differential matrix, as openai:http://HOST:PORT/v1 "
+            "(repeatable): compared with hf and reference under the feature as-served, free-running and "
+            "teacher-forced (echo with prompt logprobs, where the server gives them); its server's dtype "
+            "is its own, so it is queried once and compared with the local engine in every --dtype"
+        ),
+    )
+    parser.add_argument(
+        "--endpoint-model",
+        metavar="NAME",
+        help="the model to ask each --endpoint for (default: the first its /v1/models lists)",
+    )
+    parser.add_argument(
         "--fuzz",
         choices=("ci", "committed"),
         default="committed",
@@ -104,6 +121,11 @@ def _run_report(args: argparse.Namespace) -> int:
     from twinfer.registry import resolve_device
 
     sections = _parse_sections(args.sections)
+    endpoints = parse_endpoints(args.endpoint, args.endpoint_model)
+    if endpoints and "correctness" not in sections:
+        from spec.errors import ConfigError
+
+        raise ConfigError("--endpoint adds rows to the correctness section, which --sections leaves out")
     device = resolve_device(args.device)
     dtypes = parse_dtypes(args.dtype)
     if device.type == "cpu":
@@ -125,7 +147,7 @@ def _run_report(args: argparse.Namespace) -> int:
         quick=args.quick,
         command=_command_line(),
     )
-    correctness = _correctness(sections, checkpoint, device, dtypes, args.quick)
+    correctness = _correctness(sections, checkpoint, device, dtypes, args.quick, endpoints, args.endpoint_model)
     fuzz = _fuzz(sections, args.fuzz)
     kernels = _kernels(sections, device)
     speed = _speed(sections, device, args)
@@ -153,16 +175,42 @@ def _parse_sections(text: str) -> frozenset[str]:
     return frozenset(chosen)
 
 
+def parse_endpoints(values: list[str], model_name: str | None) -> tuple[str, ...]:
+    """--endpoint values as engine names `openai:URL` (the URL normalised), each checked now."""
+    from reports.endpoint import ENDPOINT_PREFIX, endpoint_url
+    from spec.errors import ConfigError
+
+    endpoints = []
+    for value in values:
+        try:
+            endpoints.append(ENDPOINT_PREFIX + endpoint_url(value))
+        except ConfigError as error:
+            raise ConfigError(f"--endpoint: {error}") from error
+    if model_name is not None and not endpoints:
+        raise ConfigError("--endpoint-model names the model of an --endpoint; give --endpoint too")
+    return tuple(dict.fromkeys(endpoints))
+
+
 _LEFT_OUT = "not run: left out by --sections"
 
 
-def _correctness(sections: frozenset[str], checkpoint: Path, device, dtypes, quick: bool):
+def _correctness(
+    sections: frozenset[str],
+    checkpoint: Path,
+    device,
+    dtypes,
+    quick: bool,
+    endpoints: tuple[str, ...],
+    endpoint_model: str | None,
+):
+    from reports.report import workloads
     from reports.report.correctness import CorrectnessOptions, run_correctness
     from reports.report.records import CorrectnessSection, Status
 
     if "correctness" not in sections:
         return CorrectnessSection(Status.NOT_RUN, _LEFT_OUT, str(checkpoint), (), (), (), (), (), ())
-    return run_correctness(CorrectnessOptions(checkpoint, device, dtypes, quick))
+    pairs = workloads.PAIRS + tuple(pair for name in endpoints for pair in workloads.endpoint_pairs(name))
+    return run_correctness(CorrectnessOptions(checkpoint, device, dtypes, quick, pairs, endpoint_model=endpoint_model))
 
 
 def _fuzz(sections: frozenset[str], source: str):

@@ -3,6 +3,12 @@
 Each engine runs a prompt set once per (dtype, feature) it is affected by, in both modes, and its
 outputs are kept; the cells compare kept outputs, so an engine shared by two pairs runs once.
 An engine that cannot run gives "not run: <reason>" cells; an engine that crashes fails its cells.
+
+An OpenAI endpoint (`openai:URL`) is an engine too, under the one feature "as-served". Its server
+has a dtype of its own that cannot be asked for, so it is queried once per workload and that answer
+is compared with the local baseline in every dtype of the matrix. An endpoint that cannot be
+reached, or that gives no prompt logprobs with echo, leaves its cells (or its teacher-forced cells)
+not run; an HTTP error or an unusable answer fails them.
 """
 
 from __future__ import annotations
@@ -16,6 +22,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from reports.endpoint import (
+    EchoUnsupported,
+    EndpointUnreachable,
+    endpoint_teacher_forced,
+    endpoint_url,
+    is_endpoint,
+    run_greedy,
+)
 from reports.report import engines, traces, workloads
 from reports.report.records import Cell, CorrectnessSection, PromptRecord, Status
 from reports.report.verdicts import CellKey, Decode, failed_cell, free_running_cell, not_run_cell, teacher_forced_cell
@@ -37,6 +51,7 @@ class CorrectnessOptions:
     pairs: tuple[tuple[str, str], ...] = workloads.PAIRS
     features: tuple[str, ...] = tuple(f.name for f in workloads.FEATURES)
     modes: tuple[str, ...] = workloads.MODES
+    endpoint_model: str | None = None  # the model endpoints are asked for (None: the first each lists)
     # One explicit pool size for every engine, so twins make identical scheduling decisions (and
     # the fast engine does not size its pool from the GPU memory transformers also needs).
     base_config: EngineConfig = field(default_factory=lambda: EngineConfig(num_blocks=DEFAULT_NUM_BLOCKS))
@@ -50,7 +65,9 @@ class EngineRun:
     teacher_forced: traces.TeacherForced | str
     evidence: str
     seconds: float
-    crashed: bool = False  # the strings above are a crash (the cells fail), not a reason it could not run
+    # It crashed while starting: both strings above are the crash (the cells fail). A crash within one
+    # mode is that mode's string, starting with _CRASH_PREFIX; any other string is why it could not run.
+    crashed: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,7 +99,7 @@ def run_correctness(options: CorrectnessOptions) -> CorrectnessSection:
         model=str(options.checkpoint),
         pairs=tuple(f"{a}-{b}" for a, b in options.pairs),
         dtypes=tuple(_dtype_name(d) for d in options.dtypes),
-        features=tuple(f for f in options.features if _feature_runs(f, options.device)),
+        features=matrix_features(options),
         modes=options.modes,
         prompts=tuple(
             _prompt_record(i, p, shown_prompts.num_text_prompts, decode) for i, p in enumerate(shown_prompts.prompts)
@@ -99,17 +116,15 @@ class _Matrix:
         self.vocab_size = vocab_size
         self.decode = decode
         self._prompt_sets: dict[str, PromptSet] = {}
-        self._runs: dict[tuple[str, torch.dtype, str, str], EngineRun] = {}
+        self._runs: dict[tuple[str, torch.dtype | None, str, str], EngineRun] = {}
 
     def cell_keys(self) -> list[CellKey]:
         keys = []
         for dtype in self.options.dtypes:
-            for feature_name in self.options.features:
-                if not _feature_runs(feature_name, self.options.device):
-                    continue
+            for feature_name in matrix_features(self.options):
                 feature = workloads.FEATURES_BY_NAME[feature_name]
                 for candidate, baseline in self.options.pairs:
-                    if not feature.engines & {candidate, baseline}:
+                    if not _pair_has_feature(feature, candidate, baseline):
                         continue
                     for mode in self.options.modes:
                         keys.append(CellKey(candidate, baseline, _dtype_name(dtype), feature_name, mode))
@@ -131,7 +146,8 @@ class _Matrix:
         for side in (candidate, baseline):
             outcome = side.free_running if key.mode == "free-running" else side.teacher_forced
             if isinstance(outcome, str):
-                return failed_cell(key, outcome) if side.crashed else not_run_cell(key, outcome)
+                crashed = side.crashed or outcome.startswith(_CRASH_PREFIX)
+                return failed_cell(key, outcome) if crashed else not_run_cell(key, outcome)
         evidence = _evidence(key, feature, candidate, baseline)
         if key.mode == "free-running":
             return free_running_cell(
@@ -181,15 +197,20 @@ class _Matrix:
     ) -> EngineRun:
         applies = feature is not None and engine in feature.engines
         feature_key = feature.name if applies else BASE_FEATURE
-        memo_key = (engine, dtype, feature_key, prompt_set.workload.name)
+        # An endpoint answers in its server's dtype whatever the cell's: one query serves every dtype.
+        memo_key = (engine, None if is_endpoint(engine) else dtype, feature_key, prompt_set.workload.name)
         if memo_key not in self._runs:
-            run = (
-                self._run_hf(dtype, prompt_set)
-                if engine == engines.HF
-                else self._run_twin(engine, dtype, feature if applies else None, prompt_set)
-            )
-            self._runs[memo_key] = run
+            self._runs[memo_key] = self._start(engine, dtype, feature if applies else None, prompt_set)
         return self._runs[memo_key]
+
+    def _start(
+        self, engine: str, dtype: torch.dtype, feature: workloads.Feature | None, prompt_set: PromptSet
+    ) -> EngineRun:
+        if engine == engines.HF:
+            return self._run_hf(dtype, prompt_set)
+        if is_endpoint(engine):
+            return self._run_endpoint(engine, prompt_set)
+        return self._run_twin(engine, dtype, feature, prompt_set)
 
     def _run_hf(self, dtype: torch.dtype, prompt_set: PromptSet) -> EngineRun:
         workload = prompt_set.workload
@@ -237,8 +258,7 @@ class _Matrix:
         finally:
             built = None  # drop the engine (and its KV pool) before the next one starts
             engines.release_device_memory(self.options.device)
-        crashed = any(isinstance(o, str) and o.startswith(_CRASH_PREFIX) for o in (free, teacher))
-        return EngineRun(free, teacher, forced.evidence, time.perf_counter() - started, crashed)
+        return EngineRun(free, teacher, forced.evidence, time.perf_counter() - started)
 
     def _twin_outputs(
         self, name: str, engine: Engine, feature: workloads.Feature | None, prompt_set: PromptSet
@@ -251,12 +271,63 @@ class _Matrix:
                 engine, prompt_set.prompts, workload.max_new_tokens, workloads.TOP_K, warm_passes
             ),
         )
+        teacher = self._teacher_forced(
+            name, prompt_set, lambda sequences: traces.engine_teacher_forced(engine, sequences, workloads.TOP_K)
+        )
+        return free, teacher
+
+    def _teacher_forced(
+        self,
+        name: str,
+        prompt_set: PromptSet,
+        score: Callable[[tuple[tuple[int, ...], ...]], traces.TeacherForced],
+        unavailable: tuple[type[Exception], ...] = (),
+    ) -> traces.TeacherForced | str:
+        """`score` on the sequences every engine is teacher-forced on, guarded like any mode."""
         if "teacher-forced" not in self.options.modes:
-            return free, _TEACHER_FORCED_OFF
+            return _TEACHER_FORCED_OFF
         sequences = self._teacher_sequences(prompt_set)
         if isinstance(sequences, str):
-            return free, sequences
-        return free, _guarded(name, lambda: traces.engine_teacher_forced(engine, sequences, workloads.TOP_K))
+            return sequences
+        return _guarded(name, lambda: score(sequences), unavailable)
+
+    def _run_endpoint(self, engine: str, prompt_set: PromptSet) -> EngineRun:
+        notes: list[str] = []  # what the endpoint's answers made us approximate, for the cells' evidence
+        started = time.perf_counter()
+        free = _guarded(engine, lambda: self._endpoint_free_running(engine, prompt_set, notes), _ENDPOINT_UNAVAILABLE)
+        teacher = self._teacher_forced(
+            engine,
+            prompt_set,
+            lambda sequences: self._endpoint_teacher_forced(engine, sequences, notes),
+            _ENDPOINT_UNAVAILABLE,
+        )
+        return EngineRun(free, teacher, "; ".join(dict.fromkeys(notes)), time.perf_counter() - started)
+
+    def _endpoint_free_running(self, engine: str, prompt_set: PromptSet, notes: list[str]) -> traces.FreeRunning:
+        result = run_greedy(
+            endpoint_url(engine),
+            self.options.checkpoint,
+            prompt_set.prompts,
+            prompt_set.workload.max_new_tokens,
+            workloads.TOP_K,
+            self.options.endpoint_model,
+        )
+        notes.extend(_endpoint_notes(result.notes, result.unmapped_alternatives, "free-running"))
+        return traces.FreeRunning(tuple(result.traces), 0)
+
+    def _endpoint_teacher_forced(
+        self, engine: str, sequences: tuple[tuple[int, ...], ...], notes: list[str]
+    ) -> traces.TeacherForced:
+        try:
+            echoed = endpoint_teacher_forced(
+                endpoint_url(engine), self.options.checkpoint, sequences, workloads.TOP_K, self.options.endpoint_model
+            )
+        except EchoUnsupported as error:
+            raise traces.PromptLogprobsMissing(
+                f"the server does not support echo with prompt logprobs, which teacher-forced cells need: {error}"
+            ) from error
+        notes.extend(_endpoint_notes(echoed.notes, echoed.unmapped_alternatives, "teacher-forced"))
+        return traces.TeacherForced(sequences, tuple(tuple(entries) for entries in echoed.positions))
 
     def _forced_config(self, feature: workloads.Feature | None, prompt_set: PromptSet) -> workloads.ForcedConfig:
         base = self.options.base_config
@@ -269,13 +340,16 @@ class _Matrix:
 
 _CRASH_PREFIX = "the engine raised"
 _TEACHER_FORCED_OFF = "teacher-forced mode not selected"
+# An endpoint that does not answer at all is not there to be checked: its cells say why, without failing.
+_ENDPOINT_UNAVAILABLE: tuple[type[Exception], ...] = (EndpointUnreachable,)
 
 
-def _guarded(engine: str, work: Callable[[], object]):
-    """Run one mode; a missing capability is a reason (not run), any other exception a crash (failed)."""
+def _guarded(engine: str, work: Callable[[], object], unavailable: tuple[type[Exception], ...] = ()):
+    """Run one mode; a missing capability (or one of `unavailable`) is a reason (not run), any other
+    exception a crash (failed)."""
     try:
         return work()
-    except traces.PromptLogprobsMissing as missing:
+    except (traces.PromptLogprobsMissing, *unavailable) as missing:
         return f"{engine}: {missing}"
     except Exception as error:  # an engine bug: the cell fails and shows it
         logger.exception("%s crashed", engine)
@@ -292,9 +366,17 @@ def _prompt_record(index: int, prompt: tuple[int, ...], num_text_prompts: int, d
     return PromptRecord(index, "token ids", shown + (", …" if len(prompt) > PROMPT_IDS_SHOWN else ""), len(prompt))
 
 
+def _endpoint_notes(notes: list[str], unmapped_alternatives: int, mode: str) -> list[str]:
+    if not unmapped_alternatives:
+        return notes
+    left_out = f"{unmapped_alternatives} top-k alternatives ({mode}) matched no single token id and were left out"
+    return [*notes, left_out]
+
+
 def _evidence(key: CellKey, feature: workloads.Feature, candidate: EngineRun, baseline: EngineRun) -> str:
     """How the cell's configuration forces its feature, and what the twins report it did."""
-    parts = [candidate.evidence or baseline.evidence]
+    parts = [feature.description, _endpoint_dtype_evidence(key)] if feature.for_endpoints else []
+    parts.append(candidate.evidence or baseline.evidence)
     if key.mode == "free-running" and feature.warm_passes:
         parts.append(f"the prompts ran {feature.warm_passes + 1} times and the last pass is compared")
     if key.mode == "teacher-forced" and feature.warm_passes:
@@ -307,6 +389,14 @@ def _evidence(key: CellKey, feature: workloads.Feature, candidate: EngineRun, ba
         if name != engines.HF and not isinstance(outputs, str) and cache_matters:
             parts.append(f"{name}: {outputs.cached_prompt_tokens} prompt tokens served from the prefix cache")
     return "; ".join(part for part in parts if part)
+
+
+def _endpoint_dtype_evidence(key: CellKey) -> str:
+    rule = "the exact rule" if key.exact else "the near-tie rule"
+    return (
+        f"the endpoint answers in its server's dtype, which a request cannot set: it was queried once for every "
+        f"dtype, and here its answers are compared with {key.baseline} in {key.dtype} ({rule})"
+    )
 
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -328,6 +418,24 @@ def parse_dtypes(text: str) -> tuple[torch.dtype, ...]:
 
 def _feature_runs(name: str, device: torch.device) -> bool:
     return not workloads.FEATURES_BY_NAME[name].cuda_only or device.type == "cuda"
+
+
+def matrix_features(options: CorrectnessOptions) -> tuple[str, ...]:
+    """The features with cells: those chosen that run on this device, and "as-served" when a pair has an
+    endpoint (only then, so a report without endpoints has no such column)."""
+    chosen = [name for name in options.features if _feature_runs(name, options.device)]
+    has_endpoint = any(is_endpoint(engine) for pair in options.pairs for engine in pair)
+    if has_endpoint and workloads.AS_SERVED.name not in chosen:
+        chosen.append(workloads.AS_SERVED.name)
+    return tuple(chosen)
+
+
+def _pair_has_feature(feature: workloads.Feature, candidate: str, baseline: str) -> bool:
+    """A pair with an endpoint has the endpoint features and no other (its server's settings are fixed);
+    another pair has each feature that changes one of its twins."""
+    if is_endpoint(candidate) or is_endpoint(baseline):
+        return feature.for_endpoints
+    return bool(feature.engines & {candidate, baseline})
 
 
 def _tokenizer(checkpoint: Path):

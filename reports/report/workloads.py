@@ -1,5 +1,10 @@
 """What the correctness matrix runs: the prompt sets (sized for the device and mode), the engine
-pairs, and the features each cell forces through EngineConfig."""
+pairs, and the features each cell forces through EngineConfig.
+
+An OpenAI endpoint (`openai:URL`) is compared with transformers and the reference engine
+(`endpoint_pairs`) under the one feature `AS_SERVED`: its server's settings cannot be changed from
+here, so no EngineConfig feature applies to it.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from dataclasses import dataclass, replace
 from spec.engine_config import EngineConfig
 
 PAIRS = (("reference", "hf"), ("fast", "hf"), ("fast", "reference"))
+ENDPOINT_BASELINES = ("hf", "reference")
 MODES = ("free-running", "teacher-forced")
 TOP_K = 5
 
@@ -48,6 +54,11 @@ def choose_workload(device_type: str, quick: bool, involves_fast: bool) -> Workl
     return Workload("cpu-full", 4, (1, 16, 17, 40), 24)
 
 
+def endpoint_pairs(endpoint: str) -> tuple[tuple[str, str], ...]:
+    """The pairs an `openai:URL` endpoint joins the matrix with: it is the candidate of each."""
+    return tuple((endpoint, baseline) for baseline in ENDPOINT_BASELINES)
+
+
 def token_prompts(workload: Workload, vocab_size: int) -> list[list[int]]:
     """Deterministic token-id prompts; consecutive prompts of equal length share their first half,
     so prefix hits also happen between different prompts."""
@@ -65,13 +76,15 @@ def token_prompts(workload: Workload, vocab_size: int) -> list[list[int]]:
 class Feature:
     """An engine behaviour a cell forces. `engines` are the twins it changes (a pair where neither
     engine is changed has no cell for it); `warm_passes` runs the prompts that many times first, so
-    the compared pass is served from the prefix cache."""
+    the compared pass is served from the prefix cache. A feature `for_endpoints` belongs to pairs
+    with an endpoint, which have no other."""
 
     name: str
     description: str
     engines: frozenset[str] = frozenset({"reference", "fast"})
     cuda_only: bool = False
     warm_passes: int = 0
+    for_endpoints: bool = False
 
 
 FEATURES = (
@@ -86,7 +99,14 @@ FEATURES = (
     Feature("cuda-graphs-on", "decode steps replayed from CUDA graphs", frozenset({"fast"}), cuda_only=True),
     Feature("cuda-graphs-off", "every step run eagerly", frozenset({"fast"}), cuda_only=True),
 )
-FEATURES_BY_NAME = {feature.name: feature for feature in FEATURES}
+# Not in FEATURES: a report without endpoints has no such column.
+AS_SERVED = Feature(
+    "as-served",
+    "the endpoint as its server is configured; the local baseline runs with default settings",
+    frozenset(),
+    for_endpoints=True,
+)
+FEATURES_BY_NAME = {feature.name: feature for feature in (*FEATURES, AS_SERVED)}
 
 
 @dataclass(frozen=True)

@@ -237,19 +237,9 @@ def test_packed_gqa_rows_match_reference(dtype: torch.dtype, group: int) -> None
     """Batch-invariant mode's packed rows ((token, head) pairs of one KV head): decode-like and
     prefill-like sequences in one call, a group of 3 leaving a lane of the 16 idle."""
     _run_case(
-        seq_lens=[70, 33, 5],
-        q_lens=[70, 1, 5],
-        num_kv_heads=2,
-        group=group,
-        head_dim=32,
-        block_size=16,
-        dtype=dtype,
-        seed=3,
-        block_m=16,
-        block_n=16,
-        always_mask=True,
-        pack_gqa=True,
-    )
+        seq_lens=[70, 33, 5], q_lens=[70, 1, 5], num_kv_heads=2, group=group, head_dim=32, block_size=16,
+        dtype=dtype, seed=3, block_m=16, block_n=16, always_mask=True, pack_gqa=True,
+    )  # fmt: skip
 
 
 def test_packed_gqa_refuses_a_group_wider_than_the_tile() -> None:
