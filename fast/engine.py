@@ -18,7 +18,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -36,7 +36,7 @@ from spec.engine import SampledToken, ScheduledEngine, default_device, token_log
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
-from spec.request import Request, RequestOutput, RequestStatus, prompt_logprob_positions
+from spec.request import PENDING_TOKEN, Request, RequestOutput, RequestStatus, prompt_logprob_positions
 from spec.sampling import SamplingRow
 from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
@@ -53,9 +53,15 @@ class StepTimings:
     schedule_s: float = 0.0
     prepare_s: float = 0.0
     forward_s: float = 0.0
+    # Of schedule_s: the time spent applying a step's lengths and scheduling the next one while the
+    # device ran the step (EngineConfig.async_scheduling), i.e. not between two device steps; and
+    # the number of steps that did so.
+    ahead_s: float = 0.0
+    ahead_steps: int = 0
 
     def reset(self) -> None:
         self.num_steps, self.schedule_s, self.prepare_s, self.forward_s = 0, 0.0, 0.0, 0.0
+        self.ahead_s, self.ahead_steps = 0.0, 0
 
 
 class FastEngine(ScheduledEngine):
@@ -101,6 +107,7 @@ class FastEngine(ScheduledEngine):
         # Each unfinished request's constant sampler columns, keyed by the Request itself (not its id,
         # which a new request may reuse once this one is finished): made once, not every step.
         self._sampler_rows: dict[Request, SamplerRow] = {}
+        self._next_plan: StepPlan | None = None  # scheduled ahead (async_scheduling), not yet run
         self._init_requests()
 
     @classmethod
@@ -157,27 +164,82 @@ class FastEngine(ScheduledEngine):
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
         self._execute_s = 0.0
-        outputs = super().step()
+        outputs = self._step_ahead() if self.config.async_scheduling else super().step()
         self._forget_finished_rows()
         self.step_timings.num_steps += 1
         # Everything but execute(): scheduling, applying results, building outputs.
         self.step_timings.schedule_s += time.perf_counter() - started - self._execute_s
         return outputs
 
+    # -- scheduling ahead (EngineConfig.async_scheduling) ----------------------------------------
+
+    def _step_ahead(self) -> list[RequestOutput]:
+        """ScheduledEngine.step, making the next step's plan while the device runs this one.
+
+        Possible when no request sampling in this step can be finished by its token's value (only by
+        its length): the scheduler's update then needs the number of new tokens, not their values.
+        It runs with a PENDING_TOKEN per sampling request once the step's device work is queued, the
+        next plan is scheduled, and the sampled values replace the placeholders when they reach the
+        host, before anything reads them (the next step's inputs, outputs, invariant checks). The
+        plans are those of the step-by-step engine: the same update, then the same schedule.
+        Otherwise the step runs step by step.
+        """
+        plan, self._next_plan = self._next_plan, None
+        if plan is None:
+            plan = self.scheduler.schedule()
+            self._check_invariants()
+        if plan.is_empty:
+            return []
+        sampling_ids = [chunk.request_id for chunk in plan.chunks if chunk.samples]
+        if not self.scheduler.finishes_by_length_only(sampling_ids):
+            sampled = self.execute(plan)
+            finished = self.scheduler.update(plan, {request_id: s.token_id for request_id, s in sampled.items()})
+            return self._conclude(sampled, finished)
+        finished: list[Request] = []
+
+        def schedule_next() -> None:
+            finished.extend(self.scheduler.update(plan, dict.fromkeys(sampling_ids, PENDING_TOKEN)))
+            if self.scheduler.has_unfinished:  # as step by step: nothing is scheduled once all are done
+                self._next_plan = self.scheduler.schedule()
+            self.step_timings.ahead_steps += 1
+
+        sampled = self.execute(plan, meanwhile=schedule_next)
+        requests = self._requests
+        for request_id, token in sampled.items():
+            requests[request_id].resolve_pending_token(token.token_id)
+        return self._conclude(sampled, finished)
+
+    def add_request(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        request_id = super().add_request(prompt_token_ids, params, request_id)
+        if self._next_plan is not None:  # made before this request arrived: admit it as schedule() would
+            self._next_plan = self.scheduler.admit_more()
+            self._check_invariants()
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput:
+        output = super().abort(request_id)
+        if self._next_plan is not None:
+            self._next_plan = self.scheduler.drop_from_plan(request_id)
+            self._check_invariants()
+        return output
+
     # -- one step --------------------------------------------------------------------------------
 
-    def execute(self, plan: StepPlan) -> dict[str, SampledToken]:
+    def execute(self, plan: StepPlan, meanwhile: Callable[[], None] | None = None) -> dict[str, SampledToken]:
+        """meanwhile: host work run once the step's device work is queued, before its tokens are read."""
         if self.tensor_parallel is None:
-            return self._execute(plan)
+            return self._execute(plan, meanwhile)
         self.tensor_parallel.check()
         try:
-            results = self._execute(plan)
+            results = self._execute(plan, meanwhile)
         except Exception as error:
             raise self.tensor_parallel.failure(error) from error
         self.tensor_parallel.check()  # a rank that died during the step (on a GPU its wait was aborted)
         return results
 
-    def _execute(self, plan: StepPlan) -> dict[str, SampledToken]:
+    def _execute(self, plan: StepPlan, meanwhile: Callable[[], None] | None = None) -> dict[str, SampledToken]:
         started = time.perf_counter()
         sequences, sampling_requests, scored = self._sequences(plan)
         prepared = time.perf_counter()
@@ -187,13 +249,21 @@ class FastEngine(ScheduledEngine):
             if scored
             else None
         )
-        results = self._sample(logits if sample_rows is None else logits[sample_rows], sampling_requests)
+        sample_logits = logits if sample_rows is None else logits[sample_rows]
+        tokens = self._sample_tokens(sample_logits, sampling_requests)
+        ahead_s = 0.0
+        if meanwhile is not None:
+            ahead_started = time.perf_counter()
+            meanwhile()
+            ahead_s = time.perf_counter() - ahead_started
+        results = self._sampled(sample_logits, sampling_requests, tokens)
         if scored:
             self._record_prompt_logprobs(logits, scored)
         finished = time.perf_counter()
         self.step_timings.prepare_s += prepared - started
-        self.step_timings.forward_s += finished - prepared
-        self._execute_s = finished - started
+        self.step_timings.forward_s += finished - prepared - ahead_s
+        self.step_timings.ahead_s += ahead_s
+        self._execute_s = finished - started - ahead_s  # the ahead time counts as scheduling
         return results
 
     def _sequences(
@@ -223,16 +293,26 @@ class FastEngine(ScheduledEngine):
             sequences.append(SequenceInput(request.token_span(start, num_tokens), start, table, offsets))
         return sequences, sampling, scored
 
-    def _sample(self, logits: torch.Tensor, sampling: list[tuple[int, Request]]) -> dict[str, SampledToken]:
+    def _sample_tokens(self, logits: torch.Tensor, sampling: list[tuple[int, Request]]) -> torch.Tensor | None:
+        """The sampled tokens on the device (queued, not read), or None when no chunk samples."""
         if not sampling:
-            return {}
+            return None
         requests = [request for _, request in sampling]
         rows = self._sampler_rows
         self.sampler.set_sampler_rows(
             [rows.get(request) or self._sampler_row(request) for request in requests],
             [len(request.output_token_ids) for request in requests],
         )
-        tokens = self.sampler.sample(logits).tolist()
+        return self.sampler.sample(logits)
+
+    def _sampled(
+        self, logits: torch.Tensor, sampling: list[tuple[int, Request]], sampled: torch.Tensor | None
+    ) -> dict[str, SampledToken]:
+        """The tokens read on the host (the step's one wait for the device), with logprobs where asked for."""
+        if sampled is None:
+            return {}
+        requests = [request for _, request in sampling]
+        tokens = sampled.tolist()
         counts = [request.params.logprobs for request in requests]
         if not any(counts):  # most steps: no request asks for logprobs
             return {

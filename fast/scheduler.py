@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import overload
 
@@ -149,20 +149,63 @@ class Scheduler:
 
         admitted: list[str] = []
         if not preempted:
-            while self.waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
-                request = self.waiting[0]
-                num_tokens = self._try_admit(self._tracked[request.request_id], budget)
-                if num_tokens is None:
-                    break
-                self.waiting.popleft()
-                self._running[request.request_id] = request
-                admitted.append(request.request_id)
-                start = request.num_computed_tokens
-                chunks.append(
-                    ScheduledChunk(request.request_id, start, num_tokens, start + num_tokens == request.num_tokens)
-                )
-                budget -= num_tokens
+            self._admit_waiting(budget, chunks, admitted)
         self._plan = StepPlan(chunks=tuple(chunks), preempted=tuple(preempted), admitted=tuple(admitted))
+        return self._plan
+
+    def _admit_waiting(self, budget: int, chunks: list[ScheduledChunk], admitted: list[str]) -> None:
+        """Admit from the head of the waiting queue while the budget, max_num_seqs and the pool allow."""
+        while self.waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            num_tokens = self._try_admit(self._tracked[request.request_id], budget)
+            if num_tokens is None:
+                return
+            self.waiting.popleft()
+            self._running[request.request_id] = request
+            admitted.append(request.request_id)
+            start = request.num_computed_tokens
+            chunks.append(
+                ScheduledChunk(request.request_id, start, num_tokens, start + num_tokens == request.num_tokens)
+            )
+            budget -= num_tokens
+
+    # -- a plan made ahead (EngineConfig.async_scheduling) ---------------------------------------
+
+    def finishes_by_length_only(self, request_ids: Iterable[str]) -> bool:
+        """Whether none of these running requests can be finished by the value of its next token."""
+        admitted = self._admitted
+        return all(admitted[request_id].limits.by_length_only for request_id in request_ids)
+
+    def admit_more(self) -> StepPlan:
+        """The scheduled plan with the admissions a request added (or a queue head aborted) since it was
+        made allows: the plan `schedule` would make now. Its running chunks are unchanged (they do not
+        depend on the waiting queue), and its admission loop stopped at an empty queue, the budget,
+        max_num_seqs or a head the pool could not take; resuming it from there with the remaining budget
+        admits what a fresh admission loop would. A plan that preempted admits nothing, as in `schedule`."""
+        plan = self._scheduled_plan()
+        if plan.preempted:
+            return plan
+        chunks, admitted = list(plan.chunks), list(plan.admitted)
+        budget = self.config.max_num_batched_tokens - sum(chunk.num_tokens for chunk in chunks)
+        self._admit_waiting(budget, chunks, admitted)
+        self._plan = StepPlan(chunks=tuple(chunks), preempted=plan.preempted, admitted=tuple(admitted))
+        return self._plan
+
+    def drop_from_plan(self, request_id: str) -> StepPlan:
+        """The scheduled plan without an aborted request, then admit_more. Exactly `schedule`'s plan
+        unless the request had a chunk in it: its blocks were freed after the plan grew others' tables
+        or preempted for room, which `schedule` would have made with those blocks free."""
+        plan = self._scheduled_plan()
+        self._plan = StepPlan(
+            chunks=tuple(chunk for chunk in plan.chunks if chunk.request_id != request_id),
+            preempted=tuple(other for other in plan.preempted if other != request_id),
+            admitted=tuple(other for other in plan.admitted if other != request_id),
+        )
+        return self.admit_more()
+
+    def _scheduled_plan(self) -> StepPlan:
+        if self._plan is None:
+            raise RuntimeError("no plan is scheduled: the scheduler's last call was update")
         return self._plan
 
     def _grow_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:

@@ -3,7 +3,7 @@
 On an H200, offline-256 keeps the GPU busy only part of the time: between GPU steps the host
 schedules, packs the step's inputs, loads the sampler's rows and applies the sampled tokens.
 This harness times exactly that host path. It runs the real FastEngine code (ScheduledEngine.step,
-FastEngine.step / _execute / _sequences / _sample), the real fast.scheduler.Scheduler and its
+FastEngine.step / _execute / _sequences / _sample_tokens / _sampled), the real fast.scheduler.Scheduler and its
 block allocator, the real fast.input_batch.InputBatch.load (on the CPU) and the real
 fast.sampler.Sampler's host work, and replaces only what runs on the device:
 
@@ -234,12 +234,12 @@ class HostSettings:
     profile: bool = False
     sampler_vocab: int = SAMPLER_VOCAB
     torch_threads: int = 1
+    async_scheduling: bool = False
 
 
 def build_engine(settings: HostSettings) -> HostOnlyFastEngine:
-    return HostOnlyFastEngine(
-        SHAPES[MODEL_SHAPE].model_config(), EngineConfig(**ENGINE_SETTINGS), settings.sampler_vocab
-    )
+    config = EngineConfig(**ENGINE_SETTINGS, async_scheduling=settings.async_scheduling)
+    return HostOnlyFastEngine(SHAPES[MODEL_SHAPE].model_config(), config, settings.sampler_vocab)
 
 
 def measure_once(phase: Phase, settings: HostSettings) -> tuple[PhaseRun, HostOnlyFastEngine]:
@@ -441,6 +441,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", action="store_true", help="one extra run under cProfile, top functions")
     parser.add_argument("--sampler-vocab", type=int, default=SAMPLER_VOCAB, help="the sampler's vocabulary")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (tiny host ops)")
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="EngineConfig.async_scheduling (on the CPU nothing runs beside the host, so only the plans can differ)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -450,7 +455,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = HostSettings(args.scale, args.repeats, args.profile, args.sampler_vocab, args.torch_threads)
+    settings = HostSettings(
+        args.scale, args.repeats, args.profile, args.sampler_vocab, args.torch_threads, args.async_scheduling
+    )
     record = measure(settings)
     json_saver(args.json)(record)
     print(summary_text(record))

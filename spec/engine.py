@@ -141,6 +141,10 @@ class ScheduledEngine(ABC):
             return []
         sampled = self.execute(plan)
         finished = self.scheduler.update(plan, {request_id: s.token_id for request_id, s in sampled.items()})
+        return self._conclude(sampled, finished)
+
+    def _conclude(self, sampled: dict[str, SampledToken], finished: list[Request]) -> list[RequestOutput]:
+        """After a step's update: logprobs appended, finished requests dropped; the stepped requests' outputs."""
         stepped: list[Request] = []
         for request_id, token in sampled.items():
             request = self._requests[request_id]

@@ -34,6 +34,12 @@ class EngineConfig:
         with fixed tiles for prefill and decode); slower. The reference engine ignores it.
     tensor_parallel_size: GPUs (ranks, one process each) the fast engine splits the model across;
         1 is a single process.
+    async_scheduling: the fast engine plans step n+1 while the device runs step n (same plans).
+        It does so in the steps where no request's finish depends on the value of the token step n
+        samples (no stop or end-of-sequence id can end it: ignore_eos and no stop_token_ids); its
+        plans are then those of the step-by-step engine, but for an abort, between steps, of a
+        request in the plan made ahead (fast.scheduler.Scheduler.drop_from_plan). The reference
+        engine ignores it.
     """
 
     block_size: int = 16
@@ -47,6 +53,7 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
     batch_invariant: bool = False
     tensor_parallel_size: int = 1
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
@@ -58,7 +65,10 @@ class EngineConfig:
         utilization = self.gpu_memory_utilization
         if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
-        for name in ("enable_prefix_caching", "check_invariants", "enable_cuda_graphs", "batch_invariant"):
+        switches = (
+            "enable_prefix_caching", "check_invariants", "enable_cuda_graphs", "batch_invariant", "async_scheduling",
+        )  # fmt: skip
+        for name in switches:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"engine setting {name!r} must be a bool, got {getattr(self, name)!r}")
         if self.block_size & (self.block_size - 1):

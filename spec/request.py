@@ -33,6 +33,11 @@ class FinishReason(enum.Enum):
     ABORT = "abort"  # the caller aborted the request
 
 
+# An output token whose value is not known yet (Request.resolve_pending_token): never a vocabulary id,
+# so no stop id matches it.
+PENDING_TOKEN = -1
+
+
 class LifecycleError(RuntimeError):
     """An engine tried a transition the lifecycle does not allow (an engine bug)."""
 
@@ -140,6 +145,13 @@ class Request:
         self._require(RequestStatus.RUNNING, "append a token to")
         self.output_token_ids.append(token_id)
 
+    def resolve_pending_token(self, token_id: int) -> None:
+        """The value of a token appended as PENDING_TOKEN: an engine that schedules the next step
+        before the device's sampled token reaches the host appends the placeholder, then this."""
+        if not self.output_token_ids or self.output_token_ids[-1] != PENDING_TOKEN:
+            raise LifecycleError(f"request {self.request_id!r}: no pending token to resolve")
+        self.output_token_ids[-1] = token_id
+
     def append_logprobs(self, logprobs: TokenLogprobs) -> None:
         """The log-probabilities of the token just appended (when SamplingParams.logprobs asks for them)."""
         if len(self.output_logprobs) >= len(self.output_token_ids):
@@ -216,6 +228,12 @@ class FinishLimits(NamedTuple):
     ) -> FinishLimits:
         stop = (frozenset() if params.ignore_eos else frozenset(eos_token_ids)) | frozenset(params.stop_token_ids)
         return cls(stop, min(params.max_tokens, max_model_len - num_prompt_tokens))
+
+    @property
+    def by_length_only(self) -> bool:
+        """No token value can finish the request: only its length can (so a scheduler may plan its
+        next step before its newest token is known)."""
+        return not self.stop_token_ids
 
     def reason(self, token: int, num_outputs: int) -> FinishReason | None:
         """Why a request whose newest output is `token`, its num_outputs-th, is finished, or None."""

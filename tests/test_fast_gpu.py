@@ -100,6 +100,19 @@ def test_cuda_graphs_on_and_off_give_identical_fp32_tokens(fp32_weights) -> None
         )
 
 
+def test_async_scheduling_gives_the_step_by_step_outputs_bit_for_bit(fp32_weights) -> None:
+    """EngineConfig.async_scheduling on a GPU, CUDA graphs on: the next plan is made while the device
+    runs (the sampled tokens are read after it), with the same plans, so the same bits come out."""
+    prompts = prompts_of([20 + 7 * i for i in range(24)], seed=11)
+    params = [GREEDY_32, SamplingParams(temperature=0.8, max_tokens=32, ignore_eos=True, seed=3, logprobs=2)]
+    ahead = engine("fast", fp32_weights, async_scheduling=True, max_num_batched_tokens=256)
+    step_by_step = engine("fast", fp32_weights, async_scheduling=False, max_num_batched_tokens=256)
+    for sampling in params:
+        ours, theirs = ahead.generate(prompts, sampling), step_by_step.generate(prompts, sampling)
+        assert [(o.token_ids, o.logprobs) for o in ours] == [(t.token_ids, t.logprobs) for t in theirs]
+    assert ahead.step_timings.ahead_steps == ahead.step_timings.num_steps > 0
+
+
 def test_stale_padding_rows_do_not_leak(fp32_weights) -> None:
     """Replay a batch of 8, then a batch of 3 in a larger captured size: the 3 equal a fresh run."""
     used = engine("fast", fp32_weights)

@@ -3,7 +3,8 @@
 # `git archive` of the commit under test unpacked in .clean/ (carry ".clean"; run from the repository root).
 # Not yet run: written when the session's device time was spent. In order:
 # 1. correctness first: the GPU kernel tests of the prefill kernel (packed tiles bitwise the same
-#    however a prompt is chunked) and the engine's batch-invariant GPU tests;
+#    however a prompt is chunked), the engine's batch-invariant GPU tests, and tests/test_fast_gpu.py
+#    (with async scheduling against step by step, bit for bit);
 # 2. the attention microbenchmark (reports/invariant_attention_bench.py);
 # 3. decode-bs1 and offline-256 with the mode on and off, one at a time.
 set -o pipefail
@@ -13,7 +14,8 @@ cd .clean || exit 1
 R=$OUT/r
 mkdir -p "$R"
 (TWINFER_RESULTS_DIR=$R timeout 200 python -m pytest -q -p no:cacheprovider -rA -n 8 -m gpu \
-    tests/kernels/test_prefill_attention.py tests/test_batch_invariant_gpu.py > "$R/gpu_tests.log" 2>&1
+    tests/kernels/test_prefill_attention.py tests/test_batch_invariant_gpu.py tests/test_fast_gpu.py \
+    > "$R/gpu_tests.log" 2>&1
     echo "rc=$?" >> "$R/gpu_tests.log")
 timeout 90 python -m reports.invariant_attention_bench --json "$R/attention_bench.json" > "$R/attention_bench.log" 2>&1
 COMMON=(--shape qwen3-0.6b --dtype bfloat16 --no-progress --max-model-len 2048 --commit "$COMMIT" --engine fast)

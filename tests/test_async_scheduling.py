@@ -1,0 +1,135 @@
+"""EngineConfig.async_scheduling: the fast engine schedules step n+1 while step n runs, and does
+exactly what it does step by step: the same plans, the same runner inputs, the same outputs.
+
+On the CPU nothing runs beside the host, so these tests check the decisions, not the overlap (the
+time saved is a GPU measurement). The scheduled-ahead path must actually run (StepTimings.ahead_steps),
+and fall back to stepping where a token's value can finish a request (stop ids, end of sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fast.engine import FastEngine
+from reports import host_overhead
+from reports.bench_workloads import build_workload
+from spec.engine_config import EngineConfig
+from spec.request import PENDING_TOKEN, FinishLimits, LifecycleError, Request, RequestOutput
+from spec.sampling_params import SamplingParams
+from spec.scheduling import StepPlan
+
+MAX_TOKENS = 5
+
+
+def test_the_host_path_makes_the_same_plans_inputs_and_outputs_ahead() -> None:
+    """offline-256 at 5% (13 requests) on the host-only engine: plan, input and output digests agree."""
+    phase = build_workload("offline-256", 0.05).phases[0]
+    step_by_step = host_overhead.digest_run(phase, host_overhead.HostSettings(scale=0.05))
+    ahead = host_overhead.digest_run(phase, host_overhead.HostSettings(scale=0.05, async_scheduling=True))
+    assert ahead == step_by_step and step_by_step["num_plans"] > 10
+
+
+def recorded(engine: FastEngine) -> list[StepPlan]:
+    """The plans the engine executes, in order (however early they were scheduled)."""
+    plans: list[StepPlan] = []
+    execute = engine.execute
+
+    def recording_execute(plan: StepPlan, meanwhile=None):
+        plans.append(plan)
+        return execute(plan, meanwhile)
+
+    engine.execute = recording_execute  # type: ignore[method-assign]
+    return plans
+
+
+def fast_engine(tiny_weights, async_scheduling: bool, **settings: object) -> FastEngine:
+    config, state_dict = tiny_weights
+    engine_config = EngineConfig(block_size=4, check_invariants=True, async_scheduling=async_scheduling, **settings)
+    return FastEngine(config, state_dict, engine_config, torch.float32, "cpu")
+
+
+def greedy(**changes: object) -> SamplingParams:
+    return replace(SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2), **changes)
+
+
+def streaming_script(engine: FastEngine) -> list[RequestOutput]:
+    """Arrivals and aborts between steps while a plan made ahead waits (a waiting request, a running
+    one with a chunk in that plan), and a request a stop id can end (its steps cannot go ahead).
+    The engine runs at most two requests at once."""
+    outputs: list[RequestOutput] = []
+    engine.add_request([5, 6, 7, 8, 9, 10], greedy(max_tokens=9), "a")
+    engine.add_request([11, 12, 13], greedy(max_tokens=4), "b")
+    outputs += engine.step()
+    engine.add_request([30, 31], greedy(), "d")  # waits: two are running
+    outputs.append(engine.abort("d"))
+    outputs.append(engine.abort("b"))  # its chunk leaves the plan, and its seat is free
+    engine.add_request([5, 6, 7, 8, 20], greedy(stop_token_ids=(3,), max_tokens=3), "c")  # admitted into it
+    steps_since_c_finished = None
+    while engine.has_unfinished:
+        outputs += engine.step()
+        if steps_since_c_finished is None and any(o.request_id == "c" and o.finished for o in outputs):
+            steps_since_c_finished = 0
+        elif steps_since_c_finished is not None:
+            steps_since_c_finished += 1
+        if steps_since_c_finished == 1:  # a step without "c" went ahead: its plan waits
+            engine.add_request([40, 41, 42, 43, 44, 45, 46, 47, 48], greedy(), "e")
+    return outputs
+
+
+def test_streaming_arrivals_and_aborts_give_the_same_plans_and_outputs(tiny_weights) -> None:
+    runs = {}
+    for ahead in (False, True):
+        engine = fast_engine(tiny_weights, ahead, max_num_seqs=2)
+        plans = recorded(engine)
+        runs[ahead] = (plans, streaming_script(engine), engine)
+    (plans, outputs, _), (ahead_plans, ahead_outputs, engine) = runs[False], runs[True]
+    assert ahead_plans == plans
+    assert ahead_outputs == outputs
+    # Some steps went ahead, and those where "c" (a stop id can end it) sampled did not.
+    steps_sampling_c = sum(any(c.request_id == "c" and c.samples for c in plan.chunks) for plan in plans)
+    assert 0 < engine.step_timings.ahead_steps <= len(plans) - steps_sampling_c
+    assert engine.scheduler.allocator.num_free_blocks == engine.config.pool_blocks
+
+
+def test_chunked_prefill_and_preemption_give_the_same_plans_and_outputs(tiny_weights) -> None:
+    """A pool too small for the batch and a budget smaller than the prompts, every request ignore_eos:
+    every step is scheduled ahead, through preemptions and recomputation."""
+    prompts = [[(7 * i + j) % 300 + 1 for j in range(n)] for i, n in enumerate((9, 3, 14, 6))]
+    runs = {}
+    for ahead in (False, True):
+        engine = fast_engine(tiny_weights, ahead, num_blocks=9, max_num_batched_tokens=8)
+        plans = recorded(engine)
+        outputs = engine.generate(prompts, greedy())
+        runs[ahead] = (plans, outputs, engine)
+    (plans, outputs, _), (ahead_plans, ahead_outputs, engine) = runs[False], runs[True]
+    assert any(plan.preempted for plan in plans), "the pool must force a preemption"
+    assert ahead_plans == plans and ahead_outputs == outputs
+    assert engine.step_timings.ahead_steps == len(plans)
+
+
+def test_a_pending_token_is_resolved_once() -> None:
+    request = Request("r", (1, 2), SamplingParams(max_tokens=3), seed=0, arrival_index=0)
+    request.admit(0)
+    with pytest.raises(LifecycleError, match="no pending token"):
+        request.resolve_pending_token(7)
+    request.append_token(PENDING_TOKEN)
+    request.resolve_pending_token(7)
+    assert request.output_token_ids == [7]
+    with pytest.raises(LifecycleError, match="no pending token"):
+        request.resolve_pending_token(8)
+
+
+@pytest.mark.parametrize(
+    ("params", "eos", "by_length"),
+    [
+        (SamplingParams(ignore_eos=True), frozenset({2}), True),
+        (SamplingParams(), frozenset(), True),
+        (SamplingParams(), frozenset({2}), False),
+        (SamplingParams(ignore_eos=True, stop_token_ids=(5,)), frozenset({2}), False),
+    ],
+)
+def test_which_requests_can_be_scheduled_ahead(params: SamplingParams, eos: frozenset[int], by_length: bool) -> None:
+    assert FinishLimits.of(params, 3, eos, 100).by_length_only is by_length
