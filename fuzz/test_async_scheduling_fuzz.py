@@ -1,0 +1,203 @@
+"""Fuzz EngineConfig.async_scheduling against the step-by-step fast engine: random arrivals, steps and
+aborts, requests that only their length can finish and requests a stop id can end, small pools (so
+preemption) and small budgets (so chunked prefill).
+
+Both engines are reports.host_overhead.HostOnlyFastEngine: the real FastEngine host path (scheduler,
+allocator, input packing, sampler rows, the scheduled-ahead path) over a stub model whose sampled
+token depends only on a request's seed and output position. So whatever the batches, each request's
+tokens are a function of the request alone. The two engines must execute equal plans and return
+equal outputs after every rule, except after an abort of a request that had a chunk in the plan
+made ahead (fast.scheduler.Scheduler.drop_from_plan says why): from then on the plans may differ,
+and each request's final output must still be equal. The spec's invariants are checked after every
+step (check_invariants), and the pool must be empty at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.reporting import with_reporter
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from fast.scheduler import Scheduler
+from fuzz import stats
+from fuzz.strategies import ignore
+from reports.host_overhead import SHAPES, HostOnlyFastEngine
+from spec.engine_config import EngineConfig
+from spec.errors import InvalidRequestError
+from spec.request import RequestOutput
+from spec.sampling_params import SamplingParams
+from spec.scheduling import StepPlan
+
+SAMPLER_VOCAB = 16  # small: drawn stop ids are often sampled
+MODEL_CONFIG = SHAPES["qwen3-0.6b"].model_config()
+STATS_LABEL = "async scheduling"
+
+
+class Recorded:
+    """An engine and the plans it executes, in order."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.engine = HostOnlyFastEngine(MODEL_CONFIG, config, SAMPLER_VOCAB)
+        self.plans: list[StepPlan] = []
+        execute = self.engine.execute
+
+        def recording_execute(plan: StepPlan, meanwhile=None):
+            self.plans.append(plan)
+            return execute(plan, meanwhile)
+
+        self.engine.execute = recording_execute  # type: ignore[method-assign]
+
+
+class AsyncSchedulingMachine(RuleBasedStateMachine):
+    @initialize(
+        block_size=st.sampled_from((2, 4)),
+        num_blocks=st.integers(6, 24),
+        max_num_seqs=st.integers(1, 4),
+        max_num_batched_tokens=st.integers(3, 24),
+    )
+    def build(self, block_size: int, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        base = EngineConfig(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=64,
+            check_invariants=True,
+            enable_cuda_graphs=False,
+        )
+        self.step_by_step = Recorded(base)
+        self.ahead = Recorded(replace(base, async_scheduling=True))
+        self.added: list[str] = []
+        self.aborted_apart: set[str] = set()  # aborted once the plans may differ
+        self.next_id = 0
+        self.plans_comparable = True
+        self.last_outputs: tuple[dict[str, RequestOutput], dict[str, RequestOutput]] = ({}, {})
+
+    @rule(
+        prompt_len=st.integers(1, 12),
+        max_tokens=st.integers(1, 8),
+        stop=st.one_of(st.just(()), st.tuples(st.integers(0, SAMPLER_VOCAB - 1))),
+        seed=st.integers(0, 1000),
+    )
+    def add(self, prompt_len: int, max_tokens: int, stop: tuple[int, ...], seed: int) -> None:
+        request_id = f"r{self.next_id}"
+        self.next_id += 1
+        prompt = [(7 * self.next_id + j) % 97 + 1 for j in range(prompt_len)]
+        params = SamplingParams(
+            temperature=1.0, max_tokens=max_tokens, ignore_eos=True, stop_token_ids=stop, seed=seed, logprobs=1
+        )
+        accepted = []
+        for side in (self.step_by_step, self.ahead):
+            try:
+                side.engine.add_request(prompt, params, request_id)
+                accepted.append(True)
+            except InvalidRequestError:  # a request the pool can never hold: both must refuse it
+                accepted.append(False)
+        assert accepted[0] == accepted[1], accepted
+        if not accepted[0]:
+            return
+        self.added.append(request_id)
+        stats.bump(STATS_LABEL, "requests_with_stop_ids" if stop else "requests_by_length")
+
+    @rule(steps=st.integers(1, 3))
+    def step(self, steps: int) -> None:
+        for _ in range(steps):
+            self._compare(self.step_by_step.engine.step(), self.ahead.engine.step())
+
+    @precondition(lambda self: bool(self._abortable()))
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        request_id = data.draw(st.sampled_from(self._abortable()), label="request to abort")
+        pending = self.ahead.engine._next_plan
+        if pending is not None and any(chunk.request_id == request_id for chunk in pending.chunks):
+            self.plans_comparable = False  # the one documented departure from step-by-step plans
+            stats.bump(STATS_LABEL, "aborts_with_a_chunk_ahead")
+        if not self.plans_comparable:
+            self.aborted_apart.add(request_id)
+        self._compare([self.step_by_step.engine.abort(request_id)], [self.ahead.engine.abort(request_id)])
+
+    @invariant()
+    def same_plans(self) -> None:
+        if self.plans_comparable:
+            assert self.ahead.plans == self.step_by_step.plans
+
+    def teardown(self) -> None:
+        if not hasattr(self, "ahead"):
+            return
+        while self.step_by_step.engine.has_unfinished or self.ahead.engine.has_unfinished:
+            self._compare(self.step_by_step.engine.step(), self.ahead.engine.step())
+        step_by_step, ahead = self.last_outputs
+        assert step_by_step.keys() == ahead.keys()
+        for request_id, output in step_by_step.items():
+            other = ahead[request_id]
+            assert output.finished and other.finished
+            if request_id in self.aborted_apart:  # aborted at whatever point each engine had reached
+                shorter, longer = sorted((output.token_ids, other.token_ids), key=len)
+                assert longer[: len(shorter)] == shorter, (output, other)
+            else:
+                assert output == other
+        for side in (self.step_by_step, self.ahead):
+            allocator = side.engine.scheduler.allocator
+            assert allocator.num_free_blocks == side.engine.config.pool_blocks
+        stats.bump(STATS_LABEL, "steps_ahead", self.ahead.engine.step_timings.ahead_steps)
+        stats.bump(STATS_LABEL, "steps", self.ahead.engine.step_timings.num_steps)
+
+    def _compare(self, step_by_step: list[RequestOutput], ahead: list[RequestOutput]) -> None:
+        """Equal outputs while the plans are the step-by-step ones; each request's latest output kept."""
+        for latest, outputs in zip(self.last_outputs, (step_by_step, ahead), strict=True):
+            latest.update((output.request_id, output) for output in outputs)
+        if self.plans_comparable:
+            assert sorted(step_by_step, key=_request_id) == sorted(ahead, key=_request_id)
+
+    def _abortable(self) -> list[str]:
+        """Requests unfinished on both engines (once the plans differ, one may finish a request first)."""
+        return [request_id for request_id in self.added if self._unfinished(request_id)]
+
+    def _unfinished(self, request_id: str) -> bool:
+        try:
+            self.step_by_step.engine.request(request_id)
+            self.ahead.engine.request(request_id)
+        except KeyError:
+            return False
+        return True
+
+
+def _request_id(output: RequestOutput) -> str:
+    return output.request_id
+
+
+def test_async_scheduling_matches_step_by_step() -> None:
+    run_state_machine_as_test(AsyncSchedulingMachine, settings=settings(settings.default, max_examples=150))
+    seen = stats.counters(STATS_LABEL)
+    for situation in ("requests_with_stop_ids", "requests_by_length", "aborts_with_a_chunk_ahead", "steps_ahead"):
+        assert seen.get(situation), f"the fuzzer never reached {situation}: {seen}"
+
+
+@pytest.mark.parametrize(
+    ("planted", "replacement"),
+    [
+        # Arrivals ignored by the plan made ahead: the step-by-step engine admits them a step earlier.
+        ("admit_more", lambda scheduler: scheduler._scheduled_plan()),
+        # Steps where a stop id can end a request scheduled ahead anyway: it runs a step too long.
+        ("finishes_by_length_only", lambda scheduler, request_ids: True),
+    ],
+    ids=["arrivals-not-admitted", "stop-ids-scheduled-ahead"],
+)
+def test_the_fuzzer_catches_planted_bugs(planted: str, replacement, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Scheduler, planted, replacement)
+    planted_settings = settings(
+        settings.default, max_examples=150, phases=(Phase.generate,), suppress_health_check=list(HealthCheck)
+    )
+    with with_reporter(ignore), pytest.raises(AssertionError):
+        run_state_machine_as_test(AsyncSchedulingMachine, settings=planted_settings)
