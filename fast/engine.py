@@ -26,7 +26,7 @@ from types import TracebackType
 import torch
 
 from fast.input_batch import SequenceInput
-from fast.model_runner import ModelRunner
+from fast.model_runner import ModelRunner, PreparedStep
 from fast.sampler import Sampler, SamplerRow
 from fast.scheduler import Scheduler
 from fast.sharded_loading import CheckpointWeights, WeightSource
@@ -58,10 +58,11 @@ class StepTimings:
     # the number of steps that did so.
     ahead_s: float = 0.0
     ahead_steps: int = 0
+    prepared_ahead_steps: int = 0  # steps launched from inputs loaded while the previous step ran
 
     def reset(self) -> None:
         self.num_steps, self.schedule_s, self.prepare_s, self.forward_s = 0, 0.0, 0.0, 0.0
-        self.ahead_s, self.ahead_steps = 0.0, 0
+        self.ahead_s, self.ahead_steps, self.prepared_ahead_steps = 0.0, 0, 0
 
 
 class FastEngine(ScheduledEngine):
@@ -108,6 +109,7 @@ class FastEngine(ScheduledEngine):
         # which a new request may reuse once this one is finished): made once, not every step.
         self._sampler_rows: dict[Request, SamplerRow] = {}
         self._next_plan: StepPlan | None = None  # scheduled ahead (async_scheduling), not yet run
+        self._prepared: _PreparedAhead | None = None  # its inputs, loaded ahead
         self._init_requests()
 
     @classmethod
@@ -180,9 +182,10 @@ class FastEngine(ScheduledEngine):
         its length): the scheduler's update then needs the number of new tokens, not their values.
         It runs with a PENDING_TOKEN per sampling request once the step's device work is queued, the
         next plan is scheduled, and the sampled values replace the placeholders when they reach the
-        host, before anything reads them (the next step's inputs, outputs, invariant checks). The
-        plans are those of the step-by-step engine: the same update, then the same schedule.
-        Otherwise the step runs step by step.
+        host, before anything reads them (outputs, invariant checks, the next step's inputs on the
+        host). The next step's inputs are loaded ahead too (`_prepare_ahead`): its decode rows take
+        their tokens from this step's sampled tokens on the device. The plans are those of the
+        step-by-step engine: the same update, then the same schedule. Otherwise the step runs step by step.
         """
         plan, self._next_plan = self._next_plan, None
         if plan is None:
@@ -197,10 +200,11 @@ class FastEngine(ScheduledEngine):
             return self._conclude(sampled, finished)
         finished: list[Request] = []
 
-        def schedule_next() -> None:
+        def schedule_next(tokens: torch.Tensor | None) -> None:
             finished.extend(self.scheduler.update(plan, dict.fromkeys(sampling_ids, PENDING_TOKEN)))
             if self.scheduler.has_unfinished:  # as step by step: nothing is scheduled once all are done
                 self._next_plan = self.scheduler.schedule()
+                self._prepared = self._prepare_ahead(self._next_plan, sampling_ids, tokens)
             self.step_timings.ahead_steps += 1
 
         sampled = self.execute(plan, meanwhile=schedule_next)
@@ -208,6 +212,32 @@ class FastEngine(ScheduledEngine):
         for request_id, token in sampled.items():
             requests[request_id].resolve_pending_token(token.token_id)
         return self._conclude(sampled, finished)
+
+    def _prepare_ahead(
+        self, plan: StepPlan, sampled_ids: list[str], sampled: torch.Tensor | None
+    ) -> _PreparedAhead | None:
+        """Load `plan`'s inputs and sampler rows now, while the device runs the step that samples
+        `sampled` (its rows in sampled_ids order): a token that step samples (PENDING_TOKEN on the host)
+        is copied into its input row on the device. Not under tensor parallelism (the other ranks get
+        a step's inputs when it is launched), nor for a plan that scores prompt positions."""
+        if self.tensor_parallel is not None:
+            return None
+        sequences, sampling, scored = self._sequences(plan)
+        if scored:
+            return None
+        source_row = {request_id: row for row, request_id in enumerate(sampled_ids)}
+        token_rows, source_rows, cursor = [], [], 0
+        for chunk, sequence in zip(plan.chunks, sequences, strict=True):
+            cursor += chunk.num_tokens
+            if sequence.token_ids[-1] == PENDING_TOKEN:  # only ever a chunk's last token: the newest output
+                token_rows.append(cursor - 1)
+                source_rows.append(source_row[chunk.request_id])
+        step = self.runner.prepare(sequences)
+        if sampled is not None:  # else no step sampled: nothing is pending
+            self.runner.inputs.set_pending_tokens(token_rows, sampled, source_rows)
+        if sampling:
+            self._set_sampler_rows(sampling)
+        return _PreparedAhead(plan, step, sampling)
 
     def add_request(
         self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
@@ -227,8 +257,11 @@ class FastEngine(ScheduledEngine):
 
     # -- one step --------------------------------------------------------------------------------
 
-    def execute(self, plan: StepPlan, meanwhile: Callable[[], None] | None = None) -> dict[str, SampledToken]:
-        """meanwhile: host work run once the step's device work is queued, before its tokens are read."""
+    def execute(
+        self, plan: StepPlan, meanwhile: Callable[[torch.Tensor | None], None] | None = None
+    ) -> dict[str, SampledToken]:
+        """meanwhile: host work run once the step's device work is queued, before its tokens are read;
+        it gets the step's sampled tokens on the device."""
         if self.tensor_parallel is None:
             return self._execute(plan, meanwhile)
         self.tensor_parallel.check()
@@ -239,22 +272,29 @@ class FastEngine(ScheduledEngine):
         self.tensor_parallel.check()  # a rank that died during the step (on a GPU its wait was aborted)
         return results
 
-    def _execute(self, plan: StepPlan, meanwhile: Callable[[], None] | None = None) -> dict[str, SampledToken]:
+    def _execute(
+        self, plan: StepPlan, meanwhile: Callable[[torch.Tensor | None], None] | None = None
+    ) -> dict[str, SampledToken]:
         started = time.perf_counter()
-        sequences, sampling_requests, scored = self._sequences(plan)
-        prepared = time.perf_counter()
-        logits = self.runner.run(sequences)
-        sample_rows = (
-            torch.tensor([row for row, _ in sampling_requests], dtype=torch.int64, device=self.device)
-            if scored
-            else None
-        )
-        sample_logits = logits if sample_rows is None else logits[sample_rows]
-        tokens = self._sample_tokens(sample_logits, sampling_requests)
+        ahead, self._prepared = self._prepared, None
+        if ahead is not None and ahead.plan is plan:  # inputs and sampler rows loaded while the last step ran
+            sampling_requests, scored = ahead.sampling, []
+            self.step_timings.prepared_ahead_steps += 1
+            prepared = time.perf_counter()
+            logits = sample_logits = self.runner.launch(ahead.step)
+            tokens = self.sampler.sample(logits) if sampling_requests else None
+        else:
+            sequences, sampling_requests, scored = self._sequences(plan)
+            prepared = time.perf_counter()
+            logits = sample_logits = self.runner.run(sequences)
+            if scored:  # the sampling rows among the scored ones
+                rows = torch.tensor([row for row, _ in sampling_requests], dtype=torch.int64, device=self.device)
+                sample_logits = logits[rows]
+            tokens = self._sample_tokens(sample_logits, sampling_requests)
         ahead_s = 0.0
         if meanwhile is not None:
             ahead_started = time.perf_counter()
-            meanwhile()
+            meanwhile(tokens)
             ahead_s = time.perf_counter() - ahead_started
         results = self._sampled(sample_logits, sampling_requests, tokens)
         if scored:
@@ -297,13 +337,16 @@ class FastEngine(ScheduledEngine):
         """The sampled tokens on the device (queued, not read), or None when no chunk samples."""
         if not sampling:
             return None
+        self._set_sampler_rows(sampling)
+        return self.sampler.sample(logits)
+
+    def _set_sampler_rows(self, sampling: list[tuple[int, Request]]) -> None:
         requests = [request for _, request in sampling]
         rows = self._sampler_rows
         self.sampler.set_sampler_rows(
             [rows.get(request) or self._sampler_row(request) for request in requests],
             [len(request.output_token_ids) for request in requests],
         )
-        return self.sampler.sample(logits)
 
     def _sampled(
         self, logits: torch.Tensor, sampling: list[tuple[int, Request]], sampled: torch.Tensor | None
@@ -343,6 +386,15 @@ class FastEngine(ScheduledEngine):
         entries = token_logprobs(logits[rows], targets, counts)
         for (_, request, position), entry in zip(scored, entries, strict=True):
             request.record_prompt_logprobs(position, entry)
+
+
+@dataclass(frozen=True)
+class _PreparedAhead:
+    """A plan scheduled ahead whose inputs and sampler rows are loaded (FastEngine._prepare_ahead)."""
+
+    plan: StepPlan
+    step: PreparedStep
+    sampling: list[tuple[int, Request]]  # (logit row, request) of each sampling chunk
 
 
 def _check_device(device: torch.device) -> None:

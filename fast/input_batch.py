@@ -104,6 +104,11 @@ class InputBatch:
         )
         self.table_width = 1  # block-table columns of the last step loaded
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
+        # Pending tokens (set_pending_tokens): P destination token rows then P source rows, back to back so
+        # that one contiguous slice of the pinned buffer is copied (a strided one would be staged first).
+        self._pending_host = torch.zeros(2 * max_num_seqs, dtype=torch.int64, pin_memory=pin)
+        self._pending_rows = torch.zeros(2 * max_num_seqs, dtype=torch.int64, device=device)
+        self._pending_uploaded = torch.cuda.Event() if device.type == "cuda" else None
 
     @property
     def host(self) -> torch.Tensor:
@@ -181,6 +186,30 @@ class InputBatch:
         cu_seqlens[num_real + 1 :] = np.arange(cursor + 1, num_tokens + 1, dtype=np.int32)
         self._upload(num_tokens, num_logits, num_seqs, width)
         return StepShape(num_tokens, num_seqs, num_logits, max(query_lens, default=0), max(query_lens, default=0) == 1)
+
+    def set_pending_tokens(self, token_rows: Sequence[int], source: torch.Tensor, source_rows: Sequence[int]) -> None:
+        """After `load`: token_ids[token_rows[i]] = source[source_rows[i]], queued on the device.
+
+        With async scheduling a step is loaded before the tokens its decode rows take are on the host
+        (they were loaded as spec.request.PENDING_TOKEN): `source` is the previous step's sampled tokens
+        on the device, and the copy runs after the sampling that writes them (same stream, queued later).
+        """
+        count = len(token_rows)
+        if count == 0:
+            return
+        if count > self.max_num_seqs or len(source_rows) != count:
+            raise ValueError(f"{count} pending token rows for {len(source_rows)} sources (at most {self.max_num_seqs})")
+        if self._pending_uploaded is not None:
+            self._pending_uploaded.synchronize()  # the previous step's rows: long copied
+        host = self._pending_host.numpy()
+        host[:count] = token_rows
+        host[count : 2 * count] = source_rows
+        rows = self._pending_rows[: 2 * count]
+        rows.copy_(self._pending_host[: 2 * count], non_blocking=True)
+        if self._pending_uploaded is not None:
+            self._pending_uploaded.record()
+        taken = source.index_select(0, rows[count:]).to(self.token_ids.dtype)
+        self.token_ids.index_copy_(0, rows[:count], taken)
 
     def _fill_decode(
         self,

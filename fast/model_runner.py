@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -46,6 +46,16 @@ def small_batch_gemv_enabled(device: torch.device, batch_invariant: bool) -> boo
     matmul), and never in batch-invariant mode (the GEMV's reduction order depends on the rows).
     """
     return device.type == "cuda" and not batch_invariant
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """A step whose inputs `ModelRunner.prepare` loaded: its shape, the CUDA-graph batch size it replays
+    (0: an eager forward pass) and its number of real sequences (the logit rows returned)."""
+
+    shape: StepShape
+    graph_size: int
+    num_sequences: int
 
 
 class ModelRunner:
@@ -133,17 +143,24 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, sequences: list[SequenceInput]) -> torch.Tensor:
         """fp32 logits [R, vocab]: the sequences' logit rows, in order."""
+        return self.launch(self.prepare(sequences))
+
+    def prepare(self, sequences: list[SequenceInput]) -> PreparedStep:
+        """Load the step's inputs into the device buffers (queued); `launch` runs it. Between the two,
+        the inputs may be completed on the device (InputBatch.set_pending_tokens)."""
         is_decode = all(len(s.token_ids) == 1 and len(s.logit_offsets) == 1 for s in sequences)
         if self.graphs is not None and is_decode and len(sequences) <= self.graphs.max_batch:
             size = self.graphs.size_for(len(sequences))
-            shape = self.inputs.load(sequences, pad_to=size)
-            if self.channel is not None:
-                self._send_step(shape, size)
-            return self.graphs.replay(size)[: len(sequences)]
-        shape = self.inputs.load(sequences)
+            return PreparedStep(self.inputs.load(sequences, pad_to=size), size, len(sequences))
+        return PreparedStep(self.inputs.load(sequences), 0, len(sequences))
+
+    def launch(self, prepared: PreparedStep) -> torch.Tensor:
+        """The forward pass of the step `prepare` loaded last (a graph replay for graph-sized decode steps)."""
         if self.channel is not None:
-            self._send_step(shape, 0)
-        return self._forward(shape)
+            self._send_step(prepared.shape, prepared.graph_size)
+        if prepared.graph_size:
+            return self.graphs.replay(prepared.graph_size)[: prepared.num_sequences]
+        return self._forward(prepared.shape)
 
     def _forward(self, shape: StepShape) -> torch.Tensor:
         inputs = self.inputs

@@ -120,12 +120,13 @@ class Sampler:
         self.device = torch.device(device)
         pin = self.device.type == "cuda"
         shape = (max_num_seqs, len(_Field))
-        self._host = torch.zeros(shape, dtype=torch.int64, pin_memory=pin)
-        self._host_ints = self._host.numpy()
-        self._host_floats = self._host.view(torch.float32).numpy()  # [max_num_seqs, 2 * len(_Field)]
+        # Two host buffers, used in turn: a buffer must not be rewritten while a copy from it may still be
+        # queued, and with async scheduling the rows of step n+1 are set while step n (whose rows' copy
+        # was queued after its forward pass) still runs: the other buffer's copy is long done.
+        self._hosts = [torch.zeros(shape, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._copies_done = [torch.cuda.Event() if self.device.type == "cuda" else None for _ in range(2)]
+        self._turn = 0
         self._device_buffer = torch.zeros(shape, dtype=torch.int64, device=self.device)
-        # The host buffer must not be rewritten while the previous copy from it may still be queued.
-        self._copy_done = torch.cuda.Event() if self.device.type == "cuda" else None
         self._num_rows = 0
         self._all_greedy = True
         self._any_greedy = True
@@ -191,9 +192,11 @@ class Sampler:
         self._uses_top_k = min(sampled_top_ks) < self.vocab_size
         self._uses_top_p = min(_sampled(top_ps, sampled)) < 1.0
         self._uses_min_p = max(_sampled(min_ps, sampled)) > 0.0
-        if self._copy_done is not None:
-            self._copy_done.synchronize()  # normally long done: the previous step's tokens were read
-        ints, floats = self._host_ints, self._host_floats
+        self._turn ^= 1
+        host, copy_done = self._hosts[self._turn], self._copies_done[self._turn]
+        if copy_done is not None:
+            copy_done.synchronize()  # the copy of two calls ago: long done
+        ints, floats = host.numpy(), host.view(torch.float32).numpy()  # floats: [max_num_seqs, 2 * len(_Field)]
         floats[:count, 2 * _Field.TEMPERATURE] = temperatures
         floats[:count, 2 * _Field.TOP_P] = top_ps
         floats[:count, 2 * _Field.MIN_P] = min_ps
@@ -203,9 +206,9 @@ class Sampler:
         ints[:count, _Field.GREEDY] = greedy
         ints[:count, _Field.KEY] = host_row_keys(seed_keys, positions)
         device_rows = self._device_buffer[:count]
-        device_rows.copy_(self._host[:count], non_blocking=True)
-        if self._copy_done is not None:
-            self._copy_done.record()
+        device_rows.copy_(host[:count], non_blocking=True)
+        if copy_done is not None:
+            copy_done.record()
         floats_view = device_rows.view(torch.float32)
         self._tensors = SamplingTensors(
             temperature=floats_view[:, 2 * _Field.TEMPERATURE],

@@ -5,8 +5,9 @@ preemption) and small budgets (so chunked prefill).
 Both engines are reports.host_overhead.HostOnlyFastEngine: the real FastEngine host path (scheduler,
 allocator, input packing, sampler rows, the scheduled-ahead path) over a stub model whose sampled
 token depends only on a request's seed and output position. So whatever the batches, each request's
-tokens are a function of the request alone. The two engines must execute equal plans and return
-equal outputs after every rule, except after an abort of a request that had a chunk in the plan
+tokens are a function of the request alone. The two engines must execute equal plans on equal
+inputs (tokens loaded ahead as pending, filled in on the device, included) and return equal outputs
+after every rule, except after an abort of a request that had a chunk in the plan
 made ahead (fast.scheduler.Scheduler.drop_from_plan says why): from then on the plans may differ,
 and each request's final output must still be equal. The spec's invariants are checked after every
 step (check_invariants), and the pool must be empty at the end.
@@ -29,10 +30,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from fast.input_batch import InputBatch
 from fast.scheduler import Scheduler
 from fuzz import stats
 from fuzz.strategies import ignore
-from reports.host_overhead import SHAPES, HostOnlyFastEngine
+from reports.host_overhead import SHAPES, HostOnlyFastEngine, StepDigest
 from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
 from spec.request import RequestOutput
@@ -49,6 +51,8 @@ class Recorded:
 
     def __init__(self, config: EngineConfig) -> None:
         self.engine = HostOnlyFastEngine(MODEL_CONFIG, config, SAMPLER_VOCAB)
+        # Every step's runner inputs, tokens loaded as pending included once filled in on the "device".
+        self.inputs = self.engine.runner.input_digest = StepDigest()
         self.plans: list[StepPlan] = []
         execute = self.engine.execute
 
@@ -128,9 +132,10 @@ class AsyncSchedulingMachine(RuleBasedStateMachine):
         self._compare([self.step_by_step.engine.abort(request_id)], [self.ahead.engine.abort(request_id)])
 
     @invariant()
-    def same_plans(self) -> None:
+    def same_plans_and_inputs(self) -> None:
         if self.plans_comparable:
             assert self.ahead.plans == self.step_by_step.plans
+            assert self.ahead.inputs.record() == self.step_by_step.inputs.record()
 
     def teardown(self) -> None:
         if not hasattr(self, "ahead"):
@@ -185,17 +190,21 @@ def test_async_scheduling_matches_step_by_step() -> None:
 
 
 @pytest.mark.parametrize(
-    ("planted", "replacement"),
+    ("owner", "planted", "replacement"),
     [
         # Arrivals ignored by the plan made ahead: the step-by-step engine admits them a step earlier.
-        ("admit_more", lambda scheduler: scheduler._scheduled_plan()),
+        (Scheduler, "admit_more", lambda scheduler: scheduler._scheduled_plan()),
         # Steps where a stop id can end a request scheduled ahead anyway: it runs a step too long.
-        ("finishes_by_length_only", lambda scheduler, request_ids: True),
+        (Scheduler, "finishes_by_length_only", lambda scheduler, request_ids: True),
+        # Inputs loaded ahead whose pending tokens are never filled in.
+        (InputBatch, "set_pending_tokens", lambda batch, token_rows, source, source_rows: None),
     ],
-    ids=["arrivals-not-admitted", "stop-ids-scheduled-ahead"],
+    ids=["arrivals-not-admitted", "stop-ids-scheduled-ahead", "pending-tokens-not-filled-in"],
 )
-def test_the_fuzzer_catches_planted_bugs(planted: str, replacement, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Scheduler, planted, replacement)
+def test_the_fuzzer_catches_planted_bugs(
+    owner: type, planted: str, replacement, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(owner, planted, replacement)
     planted_settings = settings(
         settings.default, max_examples=150, phases=(Phase.generate,), suppress_health_check=list(HealthCheck)
     )

@@ -53,6 +53,7 @@ import torch
 from fast.cuda_graphs import DecodeGraphs
 from fast.engine import FastEngine
 from fast.input_batch import InputBatch, SequenceInput
+from fast.model_runner import PreparedStep
 from fast.sampler import Sampler
 from reports.bench import json_saver
 from reports.bench_device import REPOSITORY_ROOT, git_commit, git_has_uncommitted_changes
@@ -61,7 +62,7 @@ from reports.bench_workloads import Phase, build_workload
 from reports.model_shapes import SHAPES
 from spec.engine_config import EngineConfig
 from spec.model_config import ModelConfig
-from spec.request import RequestOutput
+from spec.request import PENDING_TOKEN, RequestOutput
 from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
 
@@ -107,18 +108,39 @@ class StubRunner:
         # Every row a step can ask logits for (prompt-logprob rows included), zero: sampling costs nothing.
         self._logits = torch.zeros((config.max_num_batched_tokens, vocab_size), dtype=torch.float32)
         self.input_digest: StepDigest | None = None  # set by the digest run only (hashing costs host time)
+        self._loaded: list[SequenceInput] = []  # the sequences prepare() loaded last
 
     @torch.inference_mode()
     def run(self, sequences: list[SequenceInput]) -> torch.Tensor:
-        """ModelRunner.run's host work (packing the inputs, decode steps padded to a graph size), then zero logits."""
-        if self.input_digest is not None:
-            self.input_digest.add_inputs(sequences)
+        return self.launch(self.prepare(sequences))
+
+    def prepare(self, sequences: list[SequenceInput]) -> PreparedStep:
+        """ModelRunner.prepare's host work: packing the inputs, decode steps padded to a graph size."""
+        self._loaded = sequences
         is_decode = all(len(s.token_ids) == 1 and len(s.logit_offsets) == 1 for s in sequences)
         if self.graphs is not None and is_decode and len(sequences) <= self.graphs.max_batch:
-            self.inputs.load(sequences, pad_to=self.graphs.size_for(len(sequences)))
-            return self._logits[: len(sequences)]
-        shape = self.inputs.load(sequences)
-        return self._logits[: shape.num_logit_rows]
+            size = self.graphs.size_for(len(sequences))
+            return PreparedStep(self.inputs.load(sequences, pad_to=size), size, len(sequences))
+        return PreparedStep(self.inputs.load(sequences), 0, len(sequences))
+
+    def launch(self, prepared: PreparedStep) -> torch.Tensor:
+        """Zero logits for the step `prepare` loaded (the digest run hashes its inputs here, once any token
+        loaded as pending has been filled in on the "device" by InputBatch.set_pending_tokens)."""
+        if self.input_digest is not None:
+            self.input_digest.add_inputs(self._filled_in(self._loaded))
+        rows = prepared.num_sequences if prepared.graph_size else prepared.shape.num_logit_rows
+        return self._logits[:rows]
+
+    def _filled_in(self, sequences: list[SequenceInput]) -> list[SequenceInput]:
+        filled, cursor = [], 0
+        for sequence in sequences:
+            tokens = list(sequence.token_ids)
+            for offset, token in enumerate(tokens):
+                if token == PENDING_TOKEN:
+                    tokens[offset] = int(self.inputs.token_ids[cursor + offset])
+            filled.append(sequence._replace(token_ids=tokens))
+            cursor += len(tokens)
+        return filled
 
 
 class StubSampler(Sampler):

@@ -91,6 +91,7 @@ def test_streaming_arrivals_and_aborts_give_the_same_plans_and_outputs(tiny_weig
     # Some steps went ahead, and those where "c" (a stop id can end it) sampled did not.
     steps_sampling_c = sum(any(c.request_id == "c" and c.samples for c in plan.chunks) for plan in plans)
     assert 0 < engine.step_timings.ahead_steps <= len(plans) - steps_sampling_c
+    assert 0 < engine.step_timings.prepared_ahead_steps < engine.step_timings.ahead_steps
     assert engine.scheduler.allocator.num_free_blocks == engine.config.pool_blocks
 
 
@@ -108,6 +109,8 @@ def test_chunked_prefill_and_preemption_give_the_same_plans_and_outputs(tiny_wei
     assert any(plan.preempted for plan in plans), "the pool must force a preemption"
     assert ahead_plans == plans and ahead_outputs == outputs
     assert engine.step_timings.ahead_steps == len(plans)
+    # Every step but the first ran from inputs loaded ahead, decode rows filled in from the sampled tokens.
+    assert engine.step_timings.prepared_ahead_steps == len(plans) - 1
 
 
 def test_a_pending_token_is_resolved_once() -> None:

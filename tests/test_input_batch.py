@@ -99,3 +99,22 @@ def test_a_decode_position_past_its_block_table_is_refused() -> None:
     sequences = [SequenceInput([1], 0, array("i", [3]), [0]), SequenceInput([2], BLOCK_SIZE, array("i", [4]), [0])]
     with pytest.raises(ValueError, match="does not cover"):
         _batch().load(sequences)
+
+
+def test_pending_tokens_are_filled_in_from_the_sampled_tokens() -> None:
+    """A mixed step whose second and third sequences end in a token not yet on the host: their rows
+    (1 + 3 = 4 and 5) take the previous step's sampled tokens at source rows 2 and 0."""
+    batch = _batch()
+    pending = -1  # spec.request.PENDING_TOKEN
+    sequences = [
+        SequenceInput([11], 7, [3], [0]),
+        SequenceInput([12, 13, 14, pending], 0, [4], [3]),
+        SequenceInput([pending], 20, [5, 6], [0]),
+    ]
+    shape = batch.load(sequences)
+    batch.set_pending_tokens([4, 5], torch.tensor([70, 71, 72]), [2, 0])
+    assert batch.token_ids[: shape.num_tokens].tolist() == [11, 12, 13, 14, 72, 70]
+    batch.set_pending_tokens([], torch.tensor([1]), [])  # nothing pending: nothing changes
+    assert batch.token_ids[: shape.num_tokens].tolist() == [11, 12, 13, 14, 72, 70]
+    with pytest.raises(ValueError, match="pending token rows"):
+        batch.set_pending_tokens([4, 5], torch.tensor([70]), [0])
