@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from reports.bench import WORKLOAD_SUMMARIES
 from twinfer import cli
@@ -266,3 +267,13 @@ def test_diff_with_fast_on_cpu_without_interpreter_fails_before_running(
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert main(["diff", "--engines", "reference,fast", "--model", str(tiny_checkpoint), "--device", "cpu"]) == 2
     assert "set TRITON_INTERPRET=1" in capsys.readouterr().err
+
+
+def test_serve_runs_the_engine_in_a_process_on_cuda_only_by_default() -> None:
+    from twinfer.server.cli import engine_process_by_default
+
+    assert engine_process_by_default(None, "cpu") is False
+    assert engine_process_by_default(True, "cpu") is True
+    assert engine_process_by_default(False, "cpu") is False
+    if torch.cuda.is_available():
+        assert engine_process_by_default(None, "cuda") is True
