@@ -183,7 +183,7 @@ def _request_id(output: RequestOutput) -> str:
 
 
 def test_async_scheduling_matches_step_by_step() -> None:
-    run_state_machine_as_test(AsyncSchedulingMachine, settings=settings(settings.default, max_examples=150))
+    run_state_machine_as_test(AsyncSchedulingMachine, settings=settings.default)
     seen = stats.counters(STATS_LABEL)
     for situation in ("requests_with_stop_ids", "requests_by_length", "aborts_with_a_chunk_ahead", "steps_ahead"):
         assert seen.get(situation), f"the fuzzer never reached {situation}: {seen}"
