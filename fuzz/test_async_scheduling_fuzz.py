@@ -64,6 +64,8 @@ class Recorded:
 
 
 class AsyncSchedulingMachine(RuleBasedStateMachine):
+    stats_label = STATS_LABEL
+
     @initialize(
         block_size=st.sampled_from((2, 4)),
         num_blocks=st.integers(6, 24),
@@ -86,6 +88,7 @@ class AsyncSchedulingMachine(RuleBasedStateMachine):
         self.aborted_apart: set[str] = set()  # aborted once the plans may differ
         self.next_id = 0
         self.plans_comparable = True
+        stats.bump(self.stats_label, "examples")
         self.last_outputs: tuple[dict[str, RequestOutput], dict[str, RequestOutput]] = ({}, {})
 
     @rule(
@@ -112,7 +115,7 @@ class AsyncSchedulingMachine(RuleBasedStateMachine):
         if not accepted[0]:
             return
         self.added.append(request_id)
-        stats.bump(STATS_LABEL, "requests_with_stop_ids" if stop else "requests_by_length")
+        stats.bump(self.stats_label, "requests_with_stop_ids" if stop else "requests_by_length")
 
     @rule(steps=st.integers(1, 3))
     def step(self, steps: int) -> None:
@@ -126,7 +129,7 @@ class AsyncSchedulingMachine(RuleBasedStateMachine):
         pending = self.ahead.engine._next_plan
         if pending is not None and any(chunk.request_id == request_id for chunk in pending.chunks):
             self.plans_comparable = False  # the one documented departure from step-by-step plans
-            stats.bump(STATS_LABEL, "aborts_with_a_chunk_ahead")
+            stats.bump(self.stats_label, "aborts_with_a_chunk_ahead")
         if not self.plans_comparable:
             self.aborted_apart.add(request_id)
         self._compare([self.step_by_step.engine.abort(request_id)], [self.ahead.engine.abort(request_id)])
@@ -155,8 +158,8 @@ class AsyncSchedulingMachine(RuleBasedStateMachine):
         for side in (self.step_by_step, self.ahead):
             allocator = side.engine.scheduler.allocator
             assert allocator.num_free_blocks == side.engine.config.pool_blocks
-        stats.bump(STATS_LABEL, "steps_ahead", self.ahead.engine.step_timings.ahead_steps)
-        stats.bump(STATS_LABEL, "steps", self.ahead.engine.step_timings.num_steps)
+        stats.bump(self.stats_label, "steps_ahead", self.ahead.engine.step_timings.ahead_steps)
+        stats.bump(self.stats_label, "steps", self.ahead.engine.step_timings.num_steps)
 
     def _compare(self, step_by_step: list[RequestOutput], ahead: list[RequestOutput]) -> None:
         """Equal outputs while the plans are the step-by-step ones; each request's latest output kept."""
@@ -164,6 +167,7 @@ class AsyncSchedulingMachine(RuleBasedStateMachine):
             latest.update((output.request_id, output) for output in outputs)
         if self.plans_comparable:
             assert sorted(step_by_step, key=_request_id) == sorted(ahead, key=_request_id)
+            stats.bump(self.stats_label, "twin_comparisons")
 
     def _abortable(self) -> list[str]:
         """Requests unfinished on both engines (once the plans differ, one may finish a request first)."""
@@ -205,6 +209,7 @@ def test_the_fuzzer_catches_planted_bugs(
     owner: type, planted: str, replacement, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(owner, planted, replacement)
+    monkeypatch.setattr(AsyncSchedulingMachine, "stats_label", f"planted/async scheduling {planted}")
     planted_settings = settings(
         settings.default, max_examples=150, phases=(Phase.generate,), suppress_health_check=list(HealthCheck)
     )
