@@ -195,9 +195,7 @@ class FastEngine(ScheduledEngine):
             return []
         sampling_ids = [chunk.request_id for chunk in plan.chunks if chunk.samples]
         if not self.scheduler.finishes_by_length_only(sampling_ids):
-            sampled = self.execute(plan)
-            finished = self.scheduler.update(plan, {request_id: s.token_id for request_id, s in sampled.items()})
-            return self._conclude(sampled, finished)
+            return self._run_plan(plan)
         finished: list[Request] = []
 
         def schedule_next(tokens: torch.Tensor | None) -> None:

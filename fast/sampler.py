@@ -124,6 +124,8 @@ class Sampler:
         # queued, and with async scheduling the rows of step n+1 are set while step n (whose rows' copy
         # was queued after its forward pass) still runs: the other buffer's copy is long done.
         self._hosts = [torch.zeros(shape, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        # Each buffer's numpy views, int64 and float32 ([max_num_seqs, 2 * len(_Field)]), made once.
+        self._host_views = [(host.numpy(), host.view(torch.float32).numpy()) for host in self._hosts]
         self._copies_done = [torch.cuda.Event() if self.device.type == "cuda" else None for _ in range(2)]
         self._turn = 0
         self._device_buffer = torch.zeros(shape, dtype=torch.int64, device=self.device)
@@ -196,7 +198,7 @@ class Sampler:
         host, copy_done = self._hosts[self._turn], self._copies_done[self._turn]
         if copy_done is not None:
             copy_done.synchronize()  # the copy of two calls ago: long done
-        ints, floats = host.numpy(), host.view(torch.float32).numpy()  # floats: [max_num_seqs, 2 * len(_Field)]
+        ints, floats = self._host_views[self._turn]
         floats[:count, 2 * _Field.TEMPERATURE] = temperatures
         floats[:count, 2 * _Field.TOP_P] = top_ps
         floats[:count, 2 * _Field.MIN_P] = min_ps

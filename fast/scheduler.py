@@ -194,7 +194,8 @@ class Scheduler:
     def drop_from_plan(self, request_id: str) -> StepPlan:
         """The scheduled plan without an aborted request, then admit_more. Exactly `schedule`'s plan
         unless the request had a chunk in it: its blocks were freed after the plan grew others' tables
-        or preempted for room, which `schedule` would have made with those blocks free."""
+        or preempted for room, and a request admitted into the plan keeps the chunk the aborted one's
+        budget left it; `schedule` would have made all of these with the blocks and budget free."""
         plan = self._scheduled_plan()
         self._plan = StepPlan(
             chunks=tuple(chunk for chunk in plan.chunks if chunk.request_id != request_id),

@@ -139,6 +139,10 @@ class ScheduledEngine(ABC):
         self._check_invariants()
         if plan.is_empty:
             return []
+        return self._run_plan(plan)
+
+    def _run_plan(self, plan: StepPlan) -> list[RequestOutput]:
+        """Execute a scheduled plan, apply its tokens through the scheduler, conclude the step."""
         sampled = self.execute(plan)
         finished = self.scheduler.update(plan, {request_id: s.token_id for request_id, s in sampled.items()})
         return self._conclude(sampled, finished)
