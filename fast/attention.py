@@ -1,5 +1,6 @@
 """Paged attention for one step: the prefill kernel for mixed steps, the decode kernel when every
-sequence brings exactly one query.
+sequence brings exactly one query and the step has few sequences, the prefill kernel with packed GQA
+rows for decode steps of many sequences.
 
 `PagedAttention` is built once per engine and owns the decode workspace, so no call allocates
 it. Each step gets a `StepAttention` that holds views of the step's metadata (persistent device
@@ -8,6 +9,15 @@ buffers of `fast.input_batch.InputBatch`); the model calls `attend` once per lay
 The decode kernel's split size is fixed per engine and its split count comes from
 max_model_len, never from the batch: the reduction over splits is then the same for a token in
 a CUDA-graph replay and in an eager step (padding splits carry zero weight).
+
+A decode step of more than PACKED_DECODE_MIN_SEQS sequences has enough (sequence, KV head) programs to
+fill the GPU without splitting the keys, so it skips the split kernel's partial outputs and reduce
+pass: the prefill kernel with packed GQA rows (one program per sequence and KV head, reading each K/V
+tile once for its group_size query heads) took 154 us where the decode kernel took 174 us for 256
+sequences over 600 keys on an H200 (reports/results/batch_invariant/run_125fb2e/attention_bench.json).
+The threshold is a CUDA-graph batch size (fast.cuda_graphs.graph_batch_sizes has every multiple of 8
+from 16), so a step replayed in a graph padded to the next size and the same step run eagerly pick
+the same kernel.
 
 Batch-invariant mode runs every step, decode steps included, through the prefill kernel: a query
 row then always reduces over its keys in the same BLOCK_N tiles from key 0, whether it is computed
@@ -50,6 +60,11 @@ SMALL_BATCH_MAX_SEQS = 64
 INVARIANT_BLOCK_M = 16
 INVARIANT_BLOCK_N = 64
 
+# Decode steps of more sequences than this run through the prefill kernel with packed GQA rows, on the
+# mode's tiles without its always-masked path (see the module docstring); smaller ones keep the
+# split-KV decode kernel, which spreads a few long sequences over more programs.
+PACKED_DECODE_MIN_SEQS = 64
+
 
 def decode_split_size(max_num_seqs: int) -> int:
     """The decode kernel's split size for an engine of at most max_num_seqs sequences per step:
@@ -79,8 +94,12 @@ class PagedAttention:
         max_model_len: int,
         device: torch.device,
         batch_invariant: bool = False,
+        packed_decode_min_seqs: int = PACKED_DECODE_MIN_SEQS,
     ) -> None:
         self.scale = float(head_dim**-0.5)
+        # A group wider than the packed tile cannot be packed: such models keep the decode kernel.
+        packable = num_heads // num_kv_heads <= INVARIANT_BLOCK_M
+        self.packed_decode_min_seqs = packed_decode_min_seqs if packable else max_num_seqs
         self.max_model_len = max_model_len
         self.split_size = decode_split_size(max_num_seqs)
         self.batch_invariant = batch_invariant
@@ -102,7 +121,7 @@ class StepAttention:
         """q [T, H, D] (rows may be strided) -> [T, H, D] contiguous."""
         meta, backend = self.metadata, self.backend
         invariant = backend.batch_invariant
-        if meta.is_decode and not invariant:
+        if meta.is_decode and not invariant and meta.num_seqs <= backend.packed_decode_min_seqs:
             return decode_attention(
                 q,
                 k_cache,
@@ -114,6 +133,7 @@ class StepAttention:
                 split_size=backend.split_size,
                 workspace=backend.workspace,
             )
+        packed = invariant or meta.is_decode  # a decode step of many sequences: packed GQA rows
         return prefill_attention(
             q,
             meta.cu_seqlens_q,
@@ -124,7 +144,7 @@ class StepAttention:
             backend.scale,
             meta.max_query_len,
             always_mask=invariant,
-            pack_gqa=invariant,
-            block_m=INVARIANT_BLOCK_M if invariant else None,
-            block_n=INVARIANT_BLOCK_N if invariant else None,
+            pack_gqa=packed,
+            block_m=INVARIANT_BLOCK_M if packed else None,
+            block_n=INVARIANT_BLOCK_N if packed else None,
         )

@@ -6,8 +6,12 @@ beside cuBLAS, at the Qwen3 projection shapes, on one CUDA GPU.
 
 Shapes (bf16, out = x [M, K] @ W [N, K]^T): per model the fused qkv, o_proj, the fused gate_up, down
 and the LM head, from reports.model_shapes (Qwen3-0.6B: 4096x1024, 1024x2048, 6144x1024, 1024x3072,
-151936x1024). Configurations: CANDIDATES below; `default` is matmul_tiles' choice per shape,
-`previous` the tiles of the kernel before this change (16-row tiles, no program groups).
+151936x1024). Configurations: CANDIDATES below; `default` is matmul_tiles' choice per shape (and
+invariant_linear's automatic choice of launch path), `previous` the tiles of the kernel before the
+64-row tiles (16-row tiles, no program groups); `fused` forces the fused path at every M, `split`
+the split-K path at M <= FORCED_SPLIT_MAX_ROWS (timed there only; above it the automatic path runs,
+so the invariance check compares split prefixes with a fused full result), `unchunked` one chunk
+over all of K (the kernel before the split-K: fused, no chunk flushes; another summation order).
 
 For each shape and configuration:
 - Invariance: x is 8192 random rows; the result of all of x, then of each prefix x[:M] for M in
@@ -64,10 +68,17 @@ MIN_CALLS = {"small": 20, "large": 3}  # per graph, for M <= 256 and above
 WARMUP_REPLAYS = 2
 TIMED_REPLAYS = 5
 DEFAULT_MODELS = ("qwen3-0.6b",)
+# A forced split allocates an fp32 workspace [num_chunks, M, N]: at 8192 rows up to 80 GB (the Qwen3-8B
+# LM head), so the `split` variant forces it at decode sizes only.
+FORCED_SPLIT_MAX_ROWS = 256
 
-# Name -> overrides of invariant_linear's tile arguments ({}: matmul_tiles' defaults per shape).
-CANDIDATES: dict[str, dict[str, int]] = {
+# Name -> overrides of invariant_linear's tile arguments ({}: matmul_tiles' defaults per shape), and
+# `split` (its launch path: True only up to FORCED_SPLIT_MAX_ROWS rows).
+CANDIDATES: dict[str, dict[str, int | bool]] = {
     "default": {},
+    "fused": {"split": False},
+    "split": {"split": True},
+    "unchunked": {"chunk_k": 1 << 20},  # a multiple of every block_k: one chunk for every weight
     "previous": {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3, "group_m": 0},
     "default_g0": {"group_m": 0},
     "m64n128k64": {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4, "group_m": 8},
@@ -205,7 +216,7 @@ Timer = Callable[[Callable[[int], object], int], list[float]]  # (call, calls) -
 
 def bench_projection(
     projection: Projection,
-    variants: dict[str, dict[str, int]],
+    variants: dict[str, dict[str, int | bool]],
     l2_bytes: int,
     device: torch.device,
     timer: Timer = time_in_graph,
@@ -231,20 +242,34 @@ def bench_projection(
     result.relative_error[CUBLAS] = relative_error(cublas(x[:ERROR_ROWS]), expected)
     result.timings += time_variant(CUBLAS, projection, x, copies, lambda rows, out, i: cublas(rows, i), timer)
     for name, overrides in variants.items():
+        tiles = {key: value for key, value in overrides.items() if key != "split"}
+        forced = overrides.get("split")
 
         def kernel(
-            rows: torch.Tensor, out: torch.Tensor | None = None, i: int = 0, overrides: dict = overrides
+            rows: torch.Tensor,
+            out: torch.Tensor | None = None,
+            i: int = 0,
+            tiles: dict = tiles,
+            forced: bool | None = forced,
         ) -> torch.Tensor:
-            return invariant_linear(rows, weights[i % copies], out=out, **overrides)
+            split = launch_path(forced, rows.shape[0])
+            return invariant_linear(rows, weights[i % copies], out=out, split=split, **tiles)
 
         try:
-            result.configs[name] = matmul_config(n, k, DTYPE, **overrides)._asdict()
+            result.configs[name] = matmul_config(n, k, DTYPE, **tiles)._asdict()
             result.invariance[name] = check_invariance(kernel, x)
             result.relative_error[name] = relative_error(kernel(x[:ERROR_ROWS]), expected)
-            result.timings += time_variant(name, projection, x, copies, kernel, timer)
+            max_rows = FORCED_SPLIT_MAX_ROWS if forced else None
+            result.timings += time_variant(name, projection, x, copies, kernel, timer, max_rows)
         except Exception as failure:  # a configuration Triton cannot build (shared memory, ...) is recorded
             result.errors[name] = f"{type(failure).__name__}: {str(failure)[:300]}"
     return result
+
+
+def launch_path(forced: bool | None, rows: int) -> bool | None:
+    """invariant_linear's `split` for a variant's call on `rows` rows: a forced split only up to
+    FORCED_SPLIT_MAX_ROWS (its workspace), the automatic choice above; a forced fused path always."""
+    return None if forced and rows > FORCED_SPLIT_MAX_ROWS else forced
 
 
 def time_variant(
@@ -254,13 +279,16 @@ def time_variant(
     copies: int,
     linear: Callable[[torch.Tensor, torch.Tensor | None, int], object],
     timer: Timer,
+    max_rows: int | None = None,
 ) -> list[Timing]:
-    """Time linear(x[:m], out, i) at each M in TIMED_ROWS (i: which weight copy; out: a reused
-    output buffer, which cuBLAS ignores)."""
+    """Time linear(x[:m], out, i) at each M in TIMED_ROWS up to max_rows (i: which weight copy; out:
+    a reused output buffer, which cuBLAS ignores)."""
     if max(TIMED_ROWS) > x.shape[0]:
         raise ValueError(f"x has {x.shape[0]} rows; timing needs {max(TIMED_ROWS)}")
     timings = []
     for m in TIMED_ROWS:
+        if max_rows is not None and m > max_rows:
+            continue
         rows = x[:m]
         out = torch.empty((m, projection.n), device=x.device, dtype=DTYPE)
         calls = calls_per_graph(m, copies)

@@ -233,12 +233,14 @@ def test_prefill_always_mask_matches_reference(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @pytest.mark.parametrize("group", [1, 2, 3])
-def test_packed_gqa_rows_match_reference(dtype: torch.dtype, group: int) -> None:
-    """Batch-invariant mode's packed rows ((token, head) pairs of one KV head): decode-like and
-    prefill-like sequences in one call, a group of 3 leaving a lane of the 16 idle."""
+@pytest.mark.parametrize("always_mask", [True, False], ids=["invariant-mode", "default-decode"])
+def test_packed_gqa_rows_match_reference(dtype: torch.dtype, group: int, always_mask: bool) -> None:
+    """Packed rows ((token, head) pairs of one KV head), as batch-invariant mode runs them (always masked)
+    and as the default mode's decode steps of many sequences do (unmasked tiles before the diagonal):
+    decode-like and prefill-like sequences in one call, a group of 3 leaving a lane of the 16 idle."""
     _run_case(
         seq_lens=[70, 33, 5], q_lens=[70, 1, 5], num_kv_heads=2, group=group, head_dim=32, block_size=16,
-        dtype=dtype, seed=3, block_m=16, block_n=16, always_mask=True, pack_gqa=True,
+        dtype=dtype, seed=3, block_m=16, block_n=16, always_mask=always_mask, pack_gqa=True,
     )  # fmt: skip
 
 
