@@ -12,7 +12,7 @@ mkdir -p "$R"
 START=$SECONDS
 run() {  # run NAME LIMIT_S COMMAND...
     local name=$1 limit=$2; shift 2
-    local left=$((580 - (SECONDS - START)))
+    local left=$((${CALL_BUDGET_S:-580} - (SECONDS - START)))
     if ((left < 30)); then echo "skipped $name: ${left}s left" >> "$R/skipped.txt"; return; fi
     ((limit > left)) && limit=$left
     timeout "$limit" "$@" > "$R/$name.log" 2>&1
@@ -25,3 +25,4 @@ run gpu_tests_8b 200 python -m pytest -q -p no:cacheprovider -rA -m gpu tests/te
 cat "$R/done.txt" "$R/skipped.txt" 2>/dev/null
 grep -v '%|' "$R/tp_bench.log" | tail -n 30
 tail -n 15 "$R/gpu_tests.log" "$R/gpu_tests_8b.log"
+tar czf "$OUT/tp.tgz" -C "$OUT" tp
