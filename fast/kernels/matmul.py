@@ -427,8 +427,7 @@ def takes_split_path(m: int, n: int, k: int, config: MatmulConfig, device: torch
     same bits."""
     if split is not None:
         return split
-    fused_programs = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    return num_chunks(k, config) > 1 and fused_programs < _multiprocessor_count(device)
+    return num_chunks(k, config) > 1 and _tile_count(m, n, config) < _multiprocessor_count(device)
 
 
 # ----------------------------------------------------------------------------- launch
