@@ -95,6 +95,15 @@ class BenchSettings:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES), help="model shape (random weights)")
     parser.add_argument(
+        "--rank-share",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the share of the shape that one rank of N-way tensor parallelism computes (heads, KV heads, "
+        "intermediate size and vocabulary divided by N), alone on one device, no collectives: a rank's compute "
+        "floor (default 1: the whole shape)",
+    )
+    parser.add_argument(
         "--engine",
         default=None,
         choices=(*ENGINE_NAMES, HF),
@@ -150,7 +159,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         engine_class(engine, device)  # fails now, not after the baseline ran, if it cannot run here
     return BenchSettings(
         workload=build_workload(args.workload, args.scale),
-        shape=SHAPES[args.shape],
+        shape=rank_share(SHAPES[args.shape], args.rank_share),
         engine=engine,
         baseline=args.baseline,
         dtype=parse_dtype(args.dtype),
@@ -166,6 +175,13 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         commit=args.commit,
         profile=args.profile,
     )
+
+
+def rank_share(shape: ModelShape, ranks: int) -> ModelShape:
+    try:
+        return shape.rank_share(ranks)
+    except ValueError as error:
+        raise ConfigError(f"--rank-share {ranks}: {error}") from None
 
 
 def json_saver(path: Path | None) -> Callable[[dict[str, object]], None]:

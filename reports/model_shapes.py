@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import MappingProxyType
 
 import torch
@@ -21,6 +21,8 @@ from spec.model_config import ModelConfig
 # Standard deviation of the random matrices (transformers' Qwen3 initializer_range): keeps
 # activations in range in bf16, so no NaN reaches the sampler.
 WEIGHT_STD = 0.02
+# The workloads' prompt ids lie in [0, 10000) (reports.bench_workloads); the tiny shape covers them.
+WORKLOAD_VOCABULARY = 10240
 
 
 @dataclass(frozen=True)
@@ -97,13 +99,34 @@ class ModelShape:
     def record(self) -> dict[str, object]:
         return {**asdict(self), "num_parameters": self.num_parameters()}
 
+    def rank_share(self, ranks: int) -> ModelShape:
+        """The model one rank of `ranks`-way tensor parallelism computes (fast.weights.ShardLayout):
+        attention heads, intermediate size and vocabulary divided by `ranks`, KV heads too (at least
+        one: fewer than `ranks` are replicated), the hidden size whole. Run alone on one GPU it
+        measures a rank's compute without any collective: the floor of a tensor-parallel step.
+
+        The vocabulary keeps at least WORKLOAD_VOCABULARY ids, so the workloads' prompts stay valid;
+        the clamp applies to the tiny harness shape only (the benchmark shapes' halves are 75,968)."""
+        if ranks < 1 or self.num_attention_heads % ranks or self.intermediate_size % ranks:
+            raise ValueError(f"{ranks} ranks do not divide {self.name}'s attention heads and intermediate size")
+        if ranks == 1:
+            return self
+        return replace(
+            self,
+            name=f"{self.name}/rank-share-of-{ranks}",
+            vocab_size=max(WORKLOAD_VOCABULARY, -(-self.vocab_size // ranks)),
+            intermediate_size=self.intermediate_size // ranks,
+            num_attention_heads=self.num_attention_heads // ranks,
+            num_key_value_heads=max(1, self.num_key_value_heads // ranks),
+        )
+
 
 SHAPES: Mapping[str, ModelShape] = MappingProxyType(
     {
         "qwen3-0.6b": ModelShape("qwen3-0.6b", 151936, 1024, 3072, 28, 16, 8, 128, tie_word_embeddings=True),
         "qwen3-8b": ModelShape("qwen3-8b", 151936, 4096, 12288, 36, 32, 8, 128, tie_word_embeddings=False),
         # For CPU tests of the harness only. The vocabulary covers the workloads' ids (0 to 10000).
-        "tiny": ModelShape("tiny", 10240, 64, 128, 2, 4, 2, 16, tie_word_embeddings=True),
+        "tiny": ModelShape("tiny", WORKLOAD_VOCABULARY, 64, 128, 2, 4, 2, 16, tie_word_embeddings=True),
     }
 )
 

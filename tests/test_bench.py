@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fast.weights import ShardLayout
 from reports.bench import decode_read_bytes, phase_metrics
 from reports.bench_profile import KernelInterval, busy_time_us, kernel_kind, summarise
 from reports.bench_runners import PhaseRun, RequestRun, _step_timings_since, _step_timings_snapshot
@@ -89,6 +90,28 @@ def test_shapes_match_the_table() -> None:
         False,
     )
     assert config.rope_theta == 1e6 and config.rms_norm_eps == 1e-6 and config.max_position_embeddings == 40960
+
+
+def test_rank_share_is_what_one_tensor_parallel_rank_holds() -> None:
+    full = SHAPES["qwen3-8b"]
+    share = full.rank_share(2)
+    layout = ShardLayout.for_rank(full.model_config(), 0, 2)
+    assert (share.num_attention_heads, share.num_key_value_heads, share.intermediate_size, share.vocab_size) == (
+        layout.num_heads,
+        layout.num_kv_heads,
+        layout.intermediate_size,
+        layout.vocab_shard_size,
+    )
+    assert (share.hidden_size, share.num_hidden_layers, share.head_dim) == (4096, 36, 128)
+    # Everything but the unsharded norms and the embedding read once: half the decode step's weight bytes.
+    ratio = share.weight_bytes_read_per_decode_step(torch.bfloat16) / full.weight_bytes_read_per_decode_step(
+        torch.bfloat16
+    )
+    assert ratio == pytest.approx(0.5, abs=1e-4)
+    assert full.rank_share(1) is full
+    assert SHAPES["qwen3-0.6b"].rank_share(16).num_key_value_heads == 1  # fewer KV heads than ranks: replicated
+    with pytest.raises(ValueError, match="do not divide"):
+        full.rank_share(3)
 
 
 def test_floors_reproduce_benchmarks_md() -> None:
@@ -259,6 +282,17 @@ def test_decode_bs1_record_with_transformers_baseline(tmp_path: Path) -> None:
     assert hf["phases"][0]["method"] == "generate"
 
 
+def test_rank_share_runs_the_smaller_shape(tmp_path: Path) -> None:
+    record = _bench(
+        tmp_path, "decode-bs1", "--engine", "reference", "--scale", "0.02", "--repeats", "1", "--rank-share", "2"
+    )
+    shape = record["shape"]
+    assert shape["name"] == "tiny/rank-share-of-2"
+    assert (shape["num_attention_heads"], shape["num_key_value_heads"], shape["intermediate_size"]) == (2, 1, 64)
+    assert shape["num_parameters"] < SHAPES["tiny"].num_parameters()
+    assert record["results"][0]["phases"][0]["metrics"]["output_tokens"] > 0
+
+
 def test_offline_through_continuous_batching(tmp_path: Path) -> None:
     record = _bench(tmp_path, "offline-256", "--engine", "reference", "--baseline", "hf", "--scale", "0.01")
     (phase,) = record["workload"]["phases"]
@@ -305,6 +339,8 @@ def test_bench_refuses_what_cannot_run(monkeypatch: pytest.MonkeyPatch, capsys: 
     assert "is the engine benchmarked already" in capsys.readouterr().err
     assert main([*common, "--engine", "reference", "--block-size", "3"]) == 2
     assert "block_size must be a power of two" in capsys.readouterr().err
+    assert main([*common, "--engine", "reference", "--rank-share", "3"]) == 2
+    assert "--rank-share 3: 3 ranks do not divide tiny's attention heads" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- --profile
