@@ -2,10 +2,11 @@
 
     python -m reports.gemv_bench --json reports/results/kernels/gemv_bench.json
 
-For each weight shape of Qwen3-0.6B and Qwen3-8B (qkv, o_proj, gate_up, down) and M in 1, 2, 4, 8,
-16 rows, bf16: torch.nn.functional.linear (cuBLAS) against small_batch_linear with its default
-configuration and with each configuration of a small sweep (block_n, block_k, num_warps,
-num_stages, use_dot), so per-shape defaults can be set from one run. For the down shapes also the
+For each weight shape of Qwen3-0.6B, Qwen3-8B and one rank's share of Qwen3-8B under 2-way tensor
+parallelism (qkv, o_proj, gate_up, down) and M in 1, 2, 4, 8, 16 rows (--rows picks fewer), bf16:
+torch.nn.functional.linear (cuBLAS) against small_batch_linear with its default configuration and
+with each configuration of a small sweep (block_n, block_k, num_warps, num_stages, use_dot), so
+per-shape defaults can be set from one run. For the down shapes also the
 MLP tail: silu_and_mul + linear (cuBLAS), silu_and_mul + small_batch_linear, and the fused
 silu_mul_linear.
 
@@ -48,6 +49,12 @@ SHAPES: list[tuple[str, str, int, int]] = [
     ("Qwen3-8B", "o_proj", 4096, 4096),
     ("Qwen3-8B", "gate_up", 24576, 4096),
     ("Qwen3-8B", "down", 4096, 12288),
+    # One rank's share of Qwen3-8B under 2-way tensor parallelism (fast.weights.ShardLayout): half the
+    # heads in qkv, half the intermediate rows in gate_up, half the input columns of o_proj and down.
+    ("Qwen3-8B-TP2", "qkv", 3072, 4096),
+    ("Qwen3-8B-TP2", "o_proj", 4096, 2048),
+    ("Qwen3-8B-TP2", "gate_up", 12288, 4096),
+    ("Qwen3-8B-TP2", "down", 4096, 6144),
 ]
 ROWS = [1, 2, 4, 8, 16]
 DTYPE = torch.bfloat16
@@ -230,10 +237,12 @@ def precompile(jobs: list[tuple[int, int, int, str, dict]], workers: int) -> lis
 # ----------------------------------------------------------------------------- the run
 
 
-def bench_shape(model: str, layer: str, n: int, k: int, level: str, copy_gbps: float, l2_bytes: int) -> list[Result]:
+def bench_shape(
+    model: str, layer: str, n: int, k: int, level: str, copy_gbps: float, l2_bytes: int, rows: list[int]
+) -> list[Result]:
     problem = Problem(n, k, l2_bytes)
     results: list[Result] = []
-    for m in ROWS:
+    for m in rows:
         results += bench_rows(model, layer, problem, m, level, copy_gbps)
     problem.weights = torch.empty(0)  # give the copies back before the next shape
     torch.cuda.empty_cache()
@@ -373,9 +382,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     device = torch.device("cuda")
     shapes = [s for s in SHAPES if not args.models or s[0] in args.models.split(",")]
+    rows = args.rows or ROWS
     jobs = []
     for _, layer, n, k in shapes:
-        for m in ROWS:
+        for m in rows:
             for config in [{}, *sweep_configs(m, args.sweep)]:
                 jobs.append((n, k, m, "gemv", config))
             if layer == "down":
@@ -389,7 +399,7 @@ def run(args: argparse.Namespace) -> int:
     l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
     results: list[Result] = []
     for model, layer, n, k in shapes:
-        results += bench_shape(model, layer, n, k, args.sweep, copy.value, l2_bytes)
+        results += bench_shape(model, layer, n, k, args.sweep, copy.value, l2_bytes, rows)
         print(f"{model} {layer} done at {time.perf_counter() - started:.1f} s", flush=True)
     summary = summarise(results)
     record = {
@@ -402,13 +412,13 @@ def run(args: argparse.Namespace) -> int:
         "defaults": {
             f"{model} {layer} m={m}": gemv_config(m, n, k, DTYPE)._asdict()
             for model, layer, n, k in shapes
-            for m in ROWS
+            for m in rows
         },
         "silu_mul_defaults": {
             f"{model} {layer} m={m}": gemv_config(m, n, k, DTYPE, silu_mul=True)._asdict()
             for model, layer, n, k in shapes
             if layer == "down"
-            for m in ROWS
+            for m in rows
         },
         "summary": summary,
         "compile_errors": compile_errors,
@@ -453,7 +463,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default="quick",
         help="configurations tried beside the default: quick (~90 s in all on an H200), wide (minutes), none",
     )
-    parser.add_argument("--models", help="comma-separated subset of Qwen3-0.6B,Qwen3-8B (default: both)")
+    parser.add_argument(
+        "--models", help="comma-separated subset of Qwen3-0.6B,Qwen3-8B,Qwen3-8B-TP2 (default: all three)"
+    )
+    parser.add_argument(
+        "--rows",
+        type=lambda text: [int(m) for m in text.split(",")],
+        help=f"comma-separated row counts M (default: {','.join(map(str, ROWS))})",
+    )
     parser.add_argument(
         "--workers",
         type=int,

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One single-H200 call, run from a `git archive` of the commit under test unpacked in .clean/ (carry ".clean"):
+# the GEMV at one rank's share of Qwen3-8B under 2-way tensor parallelism: a wide sweep at M=1 (decode-bs1),
+# a quick one at M=2..16, and the whole model's shapes at M=1 with the defaults (the same run's baseline).
+set -o pipefail
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+: "${COMMIT:?set COMMIT to the commit under test}"
+cd .clean || exit 1
+R=$OUT/r
+mkdir -p "$R"
+START=$SECONDS
+run() {  # run NAME LIMIT_S COMMAND...: skipped when the call has less than LIMIT_S left
+    local name=$1 limit=$2; shift 2
+    local left=$((580 - (SECONDS - START)))
+    if ((left < limit)); then echo "skipped $name: ${left}s left" >> "$R/done.txt"; return; fi
+    timeout "$limit" "$@" > "$R/$name.log" 2>&1
+    echo "$name rc=$? at $((SECONDS - START))s" >> "$R/done.txt"
+}
+run gemv-tp2-m1-wide 300 python -m reports.gemv_bench --models Qwen3-8B-TP2 --rows 1 --sweep wide --commit "$COMMIT" \
+    --json "$R/gemv-tp2-m1-wide.json"
+run gemv-8b-m1 60 python -m reports.gemv_bench --models Qwen3-8B --rows 1 --sweep none --commit "$COMMIT" \
+    --json "$R/gemv-8b-m1.json"
+run gemv-tp2-quick 200 python -m reports.gemv_bench --models Qwen3-8B-TP2 --rows 2,4,8,16 --sweep quick \
+    --commit "$COMMIT" --json "$R/gemv-tp2-quick.json"
+cat "$R/done.txt"
+for f in "$R"/*.log; do echo "== $f"; grep -v "^compile error" "$f" | tail -n 22 | cut -c1-200; done
+tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"
