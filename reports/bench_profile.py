@@ -14,6 +14,7 @@ the engine that ran the timed runs, so prompts it has seen may come from the pre
 from __future__ import annotations
 
 import re
+import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,10 @@ TOP_KERNELS = 30
 
 # Kernel kinds, first match wins: (kind, pattern over the kernel's name, case-insensitive).
 KERNEL_KINDS: tuple[tuple[str, str], ...] = (
+    # Before the sampling kinds: NCCL's and symmetric memory's kernel names contain "reduce" and "gather".
+    ("all-reduce / communication", r"nccl|all_reduce|allreduce|symm_mem"),
     ("attention (decode)", r"_decode_(split|reduce)_kernel"),
+    ("matmul (GEMV)", r"_gemv_kernel"),
     ("attention (prefill)", r"_prefill|flash|attention"),
     ("matmul", r"gemm|nvjet|cutlass|sm90_|sm80_|_matmul_kernel|cublas"),
     ("norm", r"rmsnorm"),
@@ -37,8 +41,10 @@ KERNEL_KINDS: tuple[tuple[str, str], ...] = (
     ("silu_and_mul", r"silu"),
     ("sampling and logits (reductions, sort, top-k)", r"reduce|argmax|argmin|sort|topk|scan|softmax|radix|gather"),
     ("elementwise (torch)", r"elementwise|vectorized|unrolled|copy|fill|where|index"),
-    ("all-reduce / communication", r"nccl|all_reduce|allreduce"),
 )
+# Host-side calls into torch.distributed (the per-step broadcast of tensor parallelism, collectives
+# issued eagerly), as the profiler names them: their host time beside the kernels'.
+HOST_COMMUNICATION = r"c10d::|gloo:|nccl:|symm_mem"
 
 
 @dataclass(frozen=True)
@@ -57,12 +63,27 @@ def profile_run(run: Callable[[], PhaseRun], device: torch.device) -> tuple[Phas
         phase_run = run()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    kernels = [
-        KernelInterval(event.name, event.time_range.start, event.time_range.end)
-        for event in profiler.events()
-        if event.device_type == torch.autograd.DeviceType.CUDA
+    kernels, host_calls = [], []
+    for event in profiler.events():
+        interval = KernelInterval(event.name, event.time_range.start, event.time_range.end)
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.append(interval)
+        elif re.search(HOST_COMMUNICATION, event.name):
+            host_calls.append(interval)
+    summary = summarise(kernels, phase_run)
+    summary["host_communication_calls"] = host_call_summary(host_calls)
+    return phase_run, summary
+
+
+def host_call_summary(calls: list[KernelInterval]) -> list[dict[str, object]]:
+    """Per name: how many calls, their total and mean host time (nested calls count in each)."""
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for call in calls:
+        by_name[call.name].append(call.end_us - call.start_us)
+    return [
+        {"name": name, "calls": len(durations), "total_s": sum(durations) / 1e6, "mean_us": statistics.mean(durations)}
+        for name, durations in sorted(by_name.items(), key=lambda item: -sum(item[1]))
     ]
-    return phase_run, summarise(kernels, phase_run)
 
 
 def summarise(kernels: list[KernelInterval], phase_run: PhaseRun) -> dict[str, object]:

@@ -30,11 +30,13 @@ import socket
 import statistics
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from reports.bench_device import environment
+from reports.bench_profile import profile_run
 from reports.bench_runners import run_on_engine, warm_up_engine
 from reports.bench_workloads import Phase, decode_bs1, offline_256
 from reports.model_shapes import SHAPES, ModelShape, random_state_dict
@@ -47,7 +49,7 @@ WEIGHT_SEED = 0
 SHARD_BYTES = 4 * 2**30
 COMPLETE_MARKER = "COMPLETE"
 TPOT_TARGET_RATIO = 0.7
-ALL_REDUCE_ROWS = (1, 64)
+ALL_REDUCE_ROWS = (1, 64, 256)  # decode-bs1's message, the one-shot limit, offline-256's full batch
 ALL_REDUCE_REPLAYS = 200
 
 
@@ -196,11 +198,18 @@ def _free_port() -> int:
 
 
 def run_engine(
-    checkpoint: Path, ranks: int, dtype: torch.dtype, device: torch.device, phases: list[tuple[Phase, int]]
+    checkpoint: Path,
+    ranks: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    phases: list[tuple[Phase, int]],
+    profile: bool = False,
 ) -> dict[str, object]:
     """Each (phase, runs) on one fast engine of `ranks` ranks, after a warm-up request. One engine
     serves every phase: a process sets up the one-shot all-reduce for its first tensor-parallel
-    engine only (fast.parallel), so a second 2-rank engine here would measure NCCL alone."""
+    engine only (fast.parallel), so a second 2-rank engine here would measure NCCL alone.
+    profile: one more, untimed run of each phase under torch.profiler, in rank 0's process (its
+    GPU's kernels, the time its all-reduce kernels wait for the other rank included)."""
     from fast.engine import FastEngine
     from reports.bench import phase_metrics, run_record
 
@@ -213,6 +222,8 @@ def run_engine(
         for phase, count in phases:
             runs = [run_on_engine(engine, phase, progress=True) for _ in range(count)]
             result[phase.label] = {"metrics": phase_metrics(runs), "runs": [run_record(run) for run in runs]}
+            if profile:
+                result[phase.label]["profile"] = profile_run(partial(run_on_engine, engine, phase, False), device)[1]
         result["tensor_parallel"] = engine.tensor_parallel_info()
     gc.collect()
     if device.type == "cuda":
@@ -242,7 +253,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     record["engines"] = engines
     for ranks in args.ranks:
         phases = [(phase, args.repeats) for phase in decode.phases] + [(phase, 1) for phase in offline.phases]
-        engines[str(ranks)] = run_engine(checkpoint, ranks, dtype, device, phases)
+        engines[str(ranks)] = run_engine(checkpoint, ranks, dtype, device, phases, args.profile)
         _save(record, args.json)
     record["summary"] = summary(engines)
     _save(record, args.json)
@@ -278,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="decode-bs1 runs per engine (median kept)")
     parser.add_argument("--scale", type=float, default=1.0, help="< 1 shrinks the workloads (harness tests only)")
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="where random checkpoints are kept")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after each phase's timed runs, one more under torch.profiler in rank 0's process (kernel time "
+        "by kind, the all-reduce kernels' waits included; host time in torch.distributed calls)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     record = run(args)

@@ -14,7 +14,7 @@ import torch
 
 from fast.weights import ShardLayout
 from reports.bench import decode_read_bytes, phase_metrics
-from reports.bench_profile import KernelInterval, busy_time_us, kernel_kind, summarise
+from reports.bench_profile import KernelInterval, busy_time_us, host_call_summary, kernel_kind, summarise
 from reports.bench_runners import PhaseRun, RequestRun, _step_timings_since, _step_timings_snapshot
 from reports.bench_workloads import WORKLOADS, build_workload
 from reports.model_shapes import SHAPES, build_hf_model, random_state_dict
@@ -363,6 +363,18 @@ def test_kernel_kinds() -> None:
     assert kernel_kind("_add_rmsnorm_kernel") == "norm"
     assert kernel_kind("void at::native::reduce_kernel<512, 1>") == "sampling and logits (reductions, sort, top-k)"
     assert kernel_kind("something_new") == "other"
+    assert kernel_kind("_gemv_kernel") == "matmul (GEMV)"
+    for communication in ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ncclDevKernel_AllGather_RING_LL"):
+        assert kernel_kind(communication) == "all-reduce / communication"
+    assert kernel_kind("void c10d::symmetric_memory::one_shot_all_reduce_kernel<bf16, 2>") == (
+        "all-reduce / communication"
+    )
+
+
+def test_host_communication_calls_are_summed_by_name() -> None:
+    calls = [KernelInterval("gloo:broadcast", 0.0, 100.0), KernelInterval("gloo:broadcast", 200.0, 250.0)]
+    (summary,) = host_call_summary(calls)
+    assert summary == {"name": "gloo:broadcast", "calls": 2, "total_s": 150e-6, "mean_us": 75.0}
 
 
 def test_profile_summary_from_intervals() -> None:

@@ -165,7 +165,10 @@ def gemv_config(m: int, n: int, k: int, dtype: torch.dtype, silu_mul: bool = Fal
     - One row (M=1): FMA tiles of BLOCK_N=2 rows x BLOCK_K=1024, 2 warps, 3 stages: many small
       programs (N/2 of them), each streaming 4 KiB per step in 16-byte vectors. BLOCK_N=4 for
       N >= 6144 and K >= 4096. The largest weights (N * K >= 32 Mi elements: the 8B gate_up and
-      down) use the tensor-core tiles below, 1-7% faster there (one run).
+      down, and gate_up of a rank's share under 2-way tensor parallelism) use the tensor-core tiles
+      below, 1-7% faster there (one run), with BLOCK_K at least 256: at the rank share's gate_up
+      (N=12288, K=4096) BLOCK_K=128 took 33.7 us against 27.5 us with 256, and the whole 8B gate_up
+      is the same either way (49.6 against 50.0 us; reports/results/kernels/gemv_rank_share/).
     - Two to four rows and N <= 2048: the same FMA tiles (few output columns: the grid must stay
       wide, and the extra rows cost little).
     - Otherwise tensor cores (tl.dot, the M rows padded inside the MMA): BLOCK_N =
@@ -187,7 +190,7 @@ def gemv_config(m: int, n: int, k: int, dtype: torch.dtype, silu_mul: bool = Fal
         use_dot = m > 2
     if use_dot:
         block_n = min(64, max(8, triton.next_power_of_2(triton.cdiv(n, 128))))
-        block_k = min(512, max(128, 8192 // block_n))
+        block_k = min(512, max(256 if m == 1 else 128, 8192 // block_n))
         if silu_mul:
             block_n, block_k = 32, 256
         num_warps, num_stages = 4, 4

@@ -111,6 +111,10 @@ def test_default_config_choices() -> None:
         assert config.block_m >= rows and config.block_m & (config.block_m - 1) == 0
         assert config.block_k <= 1024
     assert gemv_config(1, 1024, 16, torch.float32).block_k == 16
+    # One row through tensor cores (the largest weights): K tiles of at least 256 (gemv_rank_share sweep).
+    assert gemv_config(1, 12288, 4096, torch.bfloat16)[1:] == (64, 256, 4, 4, True)
+    assert gemv_config(1, 24576, 4096, torch.bfloat16)[1:] == (64, 256, 4, 4, True)
+    assert gemv_config(2, 12288, 4096, torch.bfloat16)[1:] == (64, 128, 4, 4, True)
 
 
 def _bad_calls() -> list[tuple[str, type[Exception], object]]:
