@@ -166,9 +166,11 @@ def gemv_config(m: int, n: int, k: int, dtype: torch.dtype, silu_mul: bool = Fal
       programs (N/2 of them), each streaming 4 KiB per step in 16-byte vectors. BLOCK_N=4 for
       N >= 6144 and K >= 4096. The largest weights (N * K >= 32 Mi elements: the 8B gate_up and
       down, and gate_up of a rank's share under 2-way tensor parallelism) use the tensor-core tiles
-      below, 1-7% faster there (one run), with BLOCK_K at least 256: at the rank share's gate_up
-      (N=12288, K=4096) BLOCK_K=128 took 33.7 us against 27.5 us with 256, and the whole 8B gate_up
-      is the same either way (49.6 against 50.0 us; reports/results/kernels/gemv_rank_share/).
+      below, 1-7% faster there (one run), with BLOCK_K at least 256 below 64 Mi elements: at the
+      rank share's gate_up (N=12288, K=4096) BLOCK_K=128 took 33.7 us against 27.5 us with 256
+      (reports/results/kernels/gemv_rank_share/). The whole 8B gate_up (96 Mi) keeps 128: 49.6
+      against 50.0 us in isolation, and in the decode graph its GEMVs averaged 26.9 us a call with
+      256 against 25.6 with 128 (two calls on different days, so not conclusive, but no gain).
     - Two to four rows and N <= 2048: the same FMA tiles (few output columns: the grid must stay
       wide, and the extra rows cost little).
     - Otherwise tensor cores (tl.dot, the M rows padded inside the MMA): BLOCK_N =
@@ -190,7 +192,9 @@ def gemv_config(m: int, n: int, k: int, dtype: torch.dtype, silu_mul: bool = Fal
         use_dot = m > 2
     if use_dot:
         block_n = min(64, max(8, triton.next_power_of_2(triton.cdiv(n, 128))))
-        block_k = min(512, max(256 if m == 1 else 128, 8192 // block_n))
+        block_k = min(512, max(128, 8192 // block_n))
+        if m == 1 and n * k < 64 * 2**20:
+            block_k = max(block_k, 256)
         if silu_mul:
             block_n, block_k = 32, 256
         num_warps, num_stages = 4, 4

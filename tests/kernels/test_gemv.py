@@ -111,9 +111,11 @@ def test_default_config_choices() -> None:
         assert config.block_m >= rows and config.block_m & (config.block_m - 1) == 0
         assert config.block_k <= 1024
     assert gemv_config(1, 1024, 16, torch.float32).block_k == 16
-    # One row through tensor cores (the largest weights): K tiles of at least 256 (gemv_rank_share sweep).
+    # One row through tensor cores (the largest weights): K tiles of at least 256 below 64 Mi elements
+    # (the gemv_rank_share sweep), the whole 8B gate_up as measured before it.
     assert gemv_config(1, 12288, 4096, torch.bfloat16)[1:] == (64, 256, 4, 4, True)
-    assert gemv_config(1, 24576, 4096, torch.bfloat16)[1:] == (64, 256, 4, 4, True)
+    assert gemv_config(1, 24576, 4096, torch.bfloat16)[1:] == (64, 128, 4, 4, True)
+    assert gemv_config(1, 4096, 12288, torch.bfloat16)[1:] == (32, 256, 4, 4, True)
     assert gemv_config(2, 12288, 4096, torch.bfloat16)[1:] == (64, 128, 4, 4, True)
 
 
