@@ -118,6 +118,10 @@ def summarise(kernels: list[KernelInterval], phase_run: PhaseRun) -> dict[str, o
                 "calls": len(durations),
                 "total_s": sum(durations) / 1e6,
                 "mean_us": sum(durations) / len(durations),
+                # A collective's kernel also waits for the slowest rank: median and max tell a steady
+                # cost from waits that hit a few calls (the first all-reduce of a step, say).
+                "median_us": statistics.median(durations),
+                "max_us": max(durations),
                 "share_of_kernel_time": (sum(durations) / 1e6) / total_kernel_s if total_kernel_s else None,
             }
             for name, durations in top

@@ -386,6 +386,11 @@ def test_profile_summary_from_intervals() -> None:
     assert summary["kernel_time_s_by_kind"] == pytest.approx({"attention (decode)": 30e-6, "matmul": 10e-6})
     assert [k["name"] for k in summary["top_kernels"]] == ["_decode_split_kernel", "gemm"]
     assert summary["top_kernels"][0]["share_of_kernel_time"] == pytest.approx(0.75)
+    waits = [
+        KernelInterval("one_shot_all_reduce", start, start + length) for start, length in ((0, 6), (10, 6), (20, 90))
+    ]
+    (all_reduce,) = summarise(waits, run)["top_kernels"]
+    assert (all_reduce["median_us"], all_reduce["max_us"], all_reduce["mean_us"]) == (6, 90, 34)
 
 
 def test_bench_profile_records_a_profile_per_phase(tmp_path: Path) -> None:
