@@ -216,26 +216,39 @@ class FastEngine(ScheduledEngine):
     ) -> _PreparedAhead | None:
         """Load `plan`'s inputs and sampler rows now, while the device runs the step that samples
         `sampled` (its rows in sampled_ids order): a token that step samples (PENDING_TOKEN on the host)
-        is copied into its input row on the device. Not under tensor parallelism (the other ranks get
-        a step's inputs when it is launched), nor for a plan that scores prompt positions."""
-        if self.tensor_parallel is not None:
-            return None
+        is copied into its input row on the device. Not for a plan that scores prompt positions.
+
+        Under tensor parallelism this loads rank 0's inputs; the other ranks get the step when it is
+        launched, by then with the sampled values written into the packed words (`_launch_ahead`)."""
         sequences, sampling, scored = self._sequences(plan)
         if scored:
             return None
         source_row = {request_id: row for row, request_id in enumerate(sampled_ids)}
-        token_rows, source_rows, cursor = [], [], 0
+        token_rows, source_rows, pending, cursor = [], [], [], 0
+        requests = self._requests
         for chunk, sequence in zip(plan.chunks, sequences, strict=True):
             cursor += chunk.num_tokens
             if sequence.token_ids[-1] == PENDING_TOKEN:  # only ever a chunk's last token: the newest output
                 token_rows.append(cursor - 1)
                 source_rows.append(source_row[chunk.request_id])
+                pending.append(requests[chunk.request_id])
         step = self.runner.prepare(sequences)
         if sampled is not None:  # else no step sampled: nothing is pending
             self.runner.inputs.set_pending_tokens(token_rows, sampled, source_rows)
         if sampling:
             self._set_sampler_rows(sampling)
-        return _PreparedAhead(plan, step, sampling)
+        return _PreparedAhead(plan, step, sampling, list(zip(token_rows, pending, strict=True)))
+
+    def _launch_ahead(self, ahead: _PreparedAhead) -> torch.Tensor:
+        """Launch a step loaded ahead. Under tensor parallelism the packed words sent to the other ranks
+        must hold the tokens rank 0 filled in on its device: by now they are on the host (the step that
+        sampled them has been concluded), so they are written into the words before the send."""
+        if self.tensor_parallel is not None and ahead.pending:
+            rows = [row for row, _ in ahead.pending]
+            self.runner.inputs.resolve_pending_host_tokens(
+                rows, [request.output_token_ids[-1] for _, request in ahead.pending]
+            )
+        return self.runner.launch(ahead.step)
 
     def add_request(
         self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
@@ -279,7 +292,7 @@ class FastEngine(ScheduledEngine):
             sampling_requests, scored = ahead.sampling, []
             self.step_timings.prepared_ahead_steps += 1
             prepared = time.perf_counter()
-            logits = sample_logits = self.runner.launch(ahead.step)
+            logits = sample_logits = self._launch_ahead(ahead)
             tokens = self.sampler.sample(logits) if sampling_requests else None
         else:
             sequences, sampling_requests, scored = self._sequences(plan)
@@ -393,6 +406,7 @@ class _PreparedAhead:
     plan: StepPlan
     step: PreparedStep
     sampling: list[tuple[int, Request]]  # (logit row, request) of each sampling chunk
+    pending: list[tuple[int, Request]]  # (token row, request) of each row loaded as PENDING_TOKEN
 
 
 def _check_device(device: torch.device) -> None:

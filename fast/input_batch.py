@@ -43,6 +43,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from spec.request import PENDING_TOKEN
+
 _C_INT_IS_32_BITS = array("i").itemsize == 4  # array typecode "i" is C int: int32 on every platform torch supports
 
 
@@ -210,6 +212,16 @@ class InputBatch:
             self._pending_uploaded.record()
         taken = source.index_select(0, rows[count:]).to(self.token_ids.dtype)
         self.token_ids.index_copy_(0, rows[:count], taken)
+
+    def resolve_pending_host_tokens(self, token_rows: Sequence[int], values: Sequence[int]) -> None:
+        """After `load` and `set_pending_tokens`, once the pending tokens' values are on the host: write them
+        into the packed host words (the token ids section, whose word i is token row i), which tensor
+        parallelism sends to the other ranks. The device rows already hold them (set_pending_tokens)."""
+        self.wait_for_upload()  # the upload that read these words has run (long since, in practice)
+        words = self._host_view
+        if len(values) != len(token_rows) or any(words[row] != PENDING_TOKEN for row in token_rows):
+            raise RuntimeError(f"token rows {list(token_rows)} are not the pending rows of the loaded step")
+        words[list(token_rows)] = values
 
     def _fill_decode(
         self,

@@ -230,6 +230,29 @@ def test_two_ranks_match_reference_and_transformers_qwen3(tiny_checkpoint: Path,
         fast.generate([MIXED_PROMPTS[0]], GREEDY)
 
 
+def test_two_ranks_with_async_scheduling_match_the_reference(tiny_checkpoint: Path) -> None:
+    """Steps loaded ahead on rank 0 (their decode tokens filled in on its device) reach rank 1 with the
+    sampled tokens in their packed words: greedy and seeded sampling, and requests that join while a
+    plan is made ahead, equal to the reference engine step by step."""
+    config, state_dict = _weights(tiny_checkpoint)
+    engine_config = EngineConfig(block_size=BLOCK_SIZE, num_blocks=64, check_invariants=True)
+    reference = ReferenceEngine(config, state_dict, engine_config, torch.float32, "cpu")
+    seeded = dataclasses.replace(GREEDY, temperature=0.9, seed=11)
+    ahead = dataclasses.replace(engine_config, async_scheduling=True)
+    with FastEngine.from_pretrained(tiny_checkpoint, ahead, "float32", "cpu", tensor_parallel_size=2) as fast:
+        for params in (GREEDY, seeded):
+            outputs = fast.generate(MIXED_PROMPTS, params)
+            for parallel, expected in zip(outputs, reference.generate(MIXED_PROMPTS, params), strict=True):
+                comparison = compare_traces(trace_from_output(parallel), trace_from_output(expected), 1e-4)
+                assert comparison.agree, f"async 2 ranks vs reference ({params.temperature}): {comparison}"
+        assert fast.step_timings.prepared_ahead_steps >= MAX_NEW_TOKENS, "no step was launched from inputs loaded ahead"
+        staggered = _run_staggered(fast, PREFIX_PROMPTS[0], PREFIX_PROMPTS[1:])
+        for parallel, expected in zip(
+            staggered, _run_staggered(reference, PREFIX_PROMPTS[0], PREFIX_PROMPTS[1:]), strict=True
+        ):
+            assert parallel.token_ids == expected.token_ids
+
+
 def test_two_ranks_chunked_prefill_and_preemption_llama_with_one_kv_head(llama_checkpoint: Path) -> None:
     """State dict in memory (handed to the spawned rank); a budget of 10 tokens and a pool of 7 blocks."""
     from transformers import AutoModelForCausalLM
