@@ -204,6 +204,7 @@ def run_engine(
     device: torch.device,
     phases: list[tuple[Phase, int]],
     profile: bool = False,
+    async_scheduling: bool = False,
 ) -> dict[str, object]:
     """Each (phase, runs) on one fast engine of `ranks` ranks, after a warm-up request. One engine
     serves every phase: a process sets up the one-shot all-reduce for its first tensor-parallel
@@ -214,7 +215,7 @@ def run_engine(
     from reports.bench import phase_metrics, run_record
 
     max_seqs = max(EngineConfig().max_num_seqs, *(len(phase.requests) for phase, _ in phases))
-    engine_config = EngineConfig(max_num_seqs=max_seqs, tensor_parallel_size=ranks)
+    engine_config = EngineConfig(max_num_seqs=max_seqs, tensor_parallel_size=ranks, async_scheduling=async_scheduling)
     result: dict[str, object] = {"ranks": ranks}
     with FastEngine.from_pretrained(checkpoint, engine_config, dtype, device) as engine:
         result["engine_config"] = dataclasses.asdict(engine.config)
@@ -243,6 +244,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "weight_seed": WEIGHT_SEED,
         "workloads": {"decode-bs1": decode.record(), "offline-256": offline.record()},
         "decode_bs1_repeats": args.repeats,
+        "async_scheduling": args.async_scheduling,
     }
     if device.type == "cuda" and torch.cuda.device_count() >= 2:
         record["all_reduce"] = measure_all_reduce(shape, dtype)
@@ -253,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     record["engines"] = engines
     for ranks in args.ranks:
         phases = [(phase, args.repeats) for phase in decode.phases] + [(phase, 1) for phase in offline.phases]
-        engines[str(ranks)] = run_engine(checkpoint, ranks, dtype, device, phases, args.profile)
+        engines[str(ranks)] = run_engine(checkpoint, ranks, dtype, device, phases, args.profile, args.async_scheduling)
         _save(record, args.json)
     record["summary"] = summary(engines)
     _save(record, args.json)
@@ -289,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="decode-bs1 runs per engine (median kept)")
     parser.add_argument("--scale", type=float, default=1.0, help="< 1 shrinks the workloads (harness tests only)")
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="where random checkpoints are kept")
+    parser.add_argument(
+        "--async-scheduling", action="store_true", help="every engine schedules and loads each step ahead"
+    )
     parser.add_argument(
         "--profile",
         action="store_true",

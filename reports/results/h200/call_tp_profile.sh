@@ -4,6 +4,8 @@
 # 0. the GPUs' interconnect (nvidia-smi topo -m, nvlink status): NVLink or PCIe decides the all-reduce times.
 # 1. tp_bench --profile: all-reduce microbenchmark (rows 1, 64, 256), the 2-rank engine then the 1-rank engine
 #    (qwen3-8b, bf16), each phase also once under torch.profiler in rank 0's process.
+# 1b. the same with --async-scheduling on both engines.
+# PART=figures runs 0-1b; PART=tests runs 2 (the two do not fit in one call's ten minutes).
 # 2. each GPU test of tests/test_tensor_parallel_gpu.py in its own pytest process, with faulthandler: a run that
 #    outlives its limit gets SIGABRT and prints every thread's Python stack (an earlier call's pytest passed its
 #    four tests and then did not exit within its limit).
@@ -24,8 +26,11 @@ run() {  # run NAME LIMIT_S COMMAND...
 nvidia-smi topo -m > "$R/topology.txt" 2>&1
 nvidia-smi nvlink -s >> "$R/topology.txt" 2>&1
 export TWINFER_RESULTS_DIR=$R
-run tp_bench 240 python -m reports.tp_bench --ranks 2,1 --profile --json "$R/tp_bench.json"
-for test in test_fp32_two_ranks_against_the_reference test_fp32_cuda_graphs_on_and_off_identical_with_two_ranks \
+if [[ ${PART:-figures} == figures ]]; then
+    run tp_bench 240 python -m reports.tp_bench --ranks 2,1 --profile --json "$R/tp_bench.json"
+    run tp_bench_async 200 python -m reports.tp_bench --ranks 2,1 --async-scheduling --json "$R/tp_bench_async.json"
+fi
+[[ ${PART:-figures} == tests ]] && for test in test_fp32_two_ranks_against_the_reference test_fp32_cuda_graphs_on_and_off_identical_with_two_ranks \
     test_one_shot_all_reduce_equals_nccl_in_fp32 test_a_worker_killed_mid_generation_makes_rank_0_raise \
     test_bf16_two_ranks_near_tie_rule_qwen3_8b; do
     run "gpu_$test" 150 python -m pytest -q -p no:cacheprovider -rA -m gpu \
@@ -33,6 +38,6 @@ for test in test_fp32_two_ranks_against_the_reference test_fp32_cuda_graphs_on_a
 done
 head -n 12 "$R/topology.txt"
 cat "$R/done.txt"
-grep -v '%|' "$R/tp_bench.log" | tail -n 16
+for f in "$R"/tp_bench*.log; do echo "== $f"; grep -v '%|' "$f" | tail -n 14; done
 for f in "$R"/gpu_*.log; do echo "== $f"; tail -n 2 "$f"; done
 tar czf "$OUT/tp.tgz" -C "$OUT" tp
