@@ -8,14 +8,7 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 cd .clean || exit 1
 R=$OUT/r
 mkdir -p "$R"
-START=$SECONDS
-run() {  # run NAME LIMIT_S COMMAND...: skipped when the call has less than LIMIT_S left
-    local name=$1 limit=$2; shift 2
-    local left=$((580 - (SECONDS - START)))
-    if ((left < limit)); then echo "skipped $name: ${left}s left" >> "$R/done.txt"; return; fi
-    timeout "$limit" "$@" > "$R/$name.log" 2>&1
-    echo "$name rc=$? at $((SECONDS - START))s" >> "$R/done.txt"
-}
+source reports/results/h200/call_lib.sh
 run gpu_tests 200 python -m pytest -q -p no:cacheprovider -n 8 -m gpu -rf tests/kernels/test_gemv.py tests/test_fast_gpu.py
 COMMON=(--shape qwen3-8b --dtype bfloat16 --no-progress --commit "$COMMIT" --engine fast --profile)
 for share in 2 1; do

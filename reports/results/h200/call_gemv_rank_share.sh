@@ -8,14 +8,7 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 cd .clean || exit 1
 R=$OUT/r
 mkdir -p "$R"
-START=$SECONDS
-run() {  # run NAME LIMIT_S COMMAND...: skipped when the call has less than LIMIT_S left
-    local name=$1 limit=$2; shift 2
-    local left=$((580 - (SECONDS - START)))
-    if ((left < limit)); then echo "skipped $name: ${left}s left" >> "$R/done.txt"; return; fi
-    timeout "$limit" "$@" > "$R/$name.log" 2>&1
-    echo "$name rc=$? at $((SECONDS - START))s" >> "$R/done.txt"
-}
+source reports/results/h200/call_lib.sh
 run gemv-tp2-m1-wide 300 python -m reports.gemv_bench --models Qwen3-8B-TP2 --rows 1 --sweep wide --commit "$COMMIT" \
     --json "$R/gemv-tp2-m1-wide.json"
 run gemv-8b-m1 60 python -m reports.gemv_bench --models Qwen3-8B --rows 1 --sweep none --commit "$COMMIT" \

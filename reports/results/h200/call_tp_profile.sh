@@ -10,19 +10,11 @@
 #    outlives its limit gets SIGABRT and prints every thread's Python stack (an earlier call's pytest passed its
 #    four tests and then did not exit within its limit).
 set -o pipefail
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 PYTHONFAULTHANDLER=1
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 PYTHONFAULTHANDLER=1 CALL_SIGNAL=ABRT CALL_BUDGET_S=585
 cd .clean || exit 1
 R=$OUT/tp
 mkdir -p "$R"
-START=$SECONDS
-run() {  # run NAME LIMIT_S COMMAND...
-    local name=$1 limit=$2; shift 2
-    local left=$((${CALL_BUDGET_S:-585} - (SECONDS - START)))
-    if ((left < 30)); then echo "skipped $name: ${left}s left" >> "$R/done.txt"; return; fi
-    ((limit > left)) && limit=$left
-    timeout -s ABRT -k 10 "$limit" "$@" > "$R/$name.log" 2>&1
-    echo "$name rc=$? at $((SECONDS - START))s (limit ${limit}s)" >> "$R/done.txt"
-}
+source reports/results/h200/call_lib.sh
 nvidia-smi topo -m > "$R/topology.txt" 2>&1
 nvidia-smi nvlink -s >> "$R/topology.txt" 2>&1
 export TWINFER_RESULTS_DIR=$R

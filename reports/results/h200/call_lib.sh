@@ -1,0 +1,15 @@
+# Sourced by the call scripts (bash): run NAME LIMIT_S COMMAND... runs COMMAND with stdout and stderr in
+# $R/NAME.log under `timeout`, and appends its exit status and the time so far to $R/done.txt.
+# A step gets at most what is left of the call's budget (CALL_BUDGET_S, default 580 s of the device's 600);
+# with less than 30 s left it is skipped, and says so. CALL_SIGNAL (default TERM) is what `timeout` sends:
+# ABRT makes a Python run under PYTHONFAULTHANDLER=1 print every thread's stack before it ends.
+START=$SECONDS
+run() {
+    local name=$1 limit=$2; shift 2
+    local left=$((${CALL_BUDGET_S:-580} - (SECONDS - START)))
+    if ((left < 30)); then echo "skipped $name: ${left}s left" >> "$R/done.txt"; return; fi
+    ((limit > left)) && limit=$left
+    mkdir -p "$(dirname "$R/$name.log")"
+    timeout -s "${CALL_SIGNAL:-TERM}" -k 10 "$limit" "$@" > "$R/$name.log" 2>&1
+    echo "$name rc=$? at $((SECONDS - START))s (limit ${limit}s)" >> "$R/done.txt"
+}
