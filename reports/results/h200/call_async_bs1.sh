@@ -2,13 +2,8 @@
 # One single-H200 call, run from a `git archive` of the commit under test unpacked in .clean/ (carry ".clean"):
 # decode-bs1 with and without --async-scheduling, on qwen3-8b whole, on its 2-way rank share, and on
 # qwen3-0.6b: how much of the host gap between decode steps scheduling ahead removes.
-set -o pipefail
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 : "${COMMIT:?set COMMIT to the commit under test}"
-cd .clean || exit 1
-R=$OUT/r
-mkdir -p "$R"
-source reports/results/h200/call_lib.sh
+source .clean/reports/results/h200/call_lib.sh
 COMMON=(--dtype bfloat16 --no-progress --commit "$COMMIT" --engine fast --repeats 5)
 for mode in sync async; do
     extra=()

@@ -2,13 +2,8 @@
 # One single-H200 call, run from a `git archive` of the commit under test unpacked in .clean/ (carry ".clean"):
 # the GEMV's GPU tests and the fast engine's, then decode-bs1 on qwen3-8b whole and as a 2-way rank share
 # (bench --rank-share 2) with the new one-row tensor-core tiles, with --profile.
-set -o pipefail
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 : "${COMMIT:?set COMMIT to the commit under test}"
-cd .clean || exit 1
-R=$OUT/r
-mkdir -p "$R"
-source reports/results/h200/call_lib.sh
+source .clean/reports/results/h200/call_lib.sh
 run gpu_tests 200 python -m pytest -q -p no:cacheprovider -n 8 -m gpu -rf tests/kernels/test_gemv.py tests/test_fast_gpu.py
 COMMON=(--shape qwen3-8b --dtype bfloat16 --no-progress --commit "$COMMIT" --engine fast --profile)
 for share in 2 1; do

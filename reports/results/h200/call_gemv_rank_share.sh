@@ -2,13 +2,8 @@
 # One single-H200 call, run from a `git archive` of the commit under test unpacked in .clean/ (carry ".clean"):
 # the GEMV at one rank's share of Qwen3-8B under 2-way tensor parallelism: a wide sweep at M=1 (decode-bs1),
 # a quick one at M=2..16, and the whole model's shapes at M=1 with the defaults (the same run's baseline).
-set -o pipefail
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 : "${COMMIT:?set COMMIT to the commit under test}"
-cd .clean || exit 1
-R=$OUT/r
-mkdir -p "$R"
-source reports/results/h200/call_lib.sh
+source .clean/reports/results/h200/call_lib.sh
 run gemv-tp2-m1-wide 300 python -m reports.gemv_bench --models Qwen3-8B-TP2 --rows 1 --sweep wide --commit "$COMMIT" \
     --json "$R/gemv-tp2-m1-wide.json"
 run gemv-8b-m1 60 python -m reports.gemv_bench --models Qwen3-8B --rows 1 --sweep none --commit "$COMMIT" \

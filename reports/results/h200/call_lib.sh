@@ -1,8 +1,17 @@
+# Sourced by the call scripts (bash) from the repository root, as .clean/reports/results/h200/call_lib.sh:
+# sets pipefail and the environment every call runs with, enters .clean/ (the `git archive` of the commit
+# under test), and makes R=$OUT/${RESULTS_NAME:-r}, the results folder.
+#
 # Sourced by the call scripts (bash): run NAME LIMIT_S COMMAND... runs COMMAND with stdout and stderr in
 # $R/NAME.log under `timeout`, and appends its exit status and the time so far to $R/done.txt.
 # A step gets at most what is left of the call's budget (CALL_BUDGET_S, default 580 s of the device's 600);
 # with less than 30 s left it is skipped, and says so. CALL_SIGNAL (default TERM) is what `timeout` sends:
 # ABRT makes a Python run under PYTHONFAULTHANDLER=1 print every thread's stack before it ends.
+set -o pipefail
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
+cd .clean || exit 1
+R=$OUT/${RESULTS_NAME:-r}
+mkdir -p "$R"
 START=$SECONDS
 run() {
     local name=$1 limit=$2; shift 2

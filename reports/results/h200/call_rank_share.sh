@@ -3,13 +3,8 @@
 # the qwen3-8b shape whole and as one rank's share of 2-way tensor parallelism (`bench --rank-share 2`: half
 # the heads, KV heads, intermediate size and vocabulary, no collectives), decode-bs1 with --profile and
 # offline-256, so the two-rank engine's step can be set against a rank's compute floor.
-set -o pipefail
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 : "${COMMIT:?set COMMIT to the commit under test}"
-cd .clean || exit 1
-R=$OUT/r
-mkdir -p "$R"
-source reports/results/h200/call_lib.sh
+source .clean/reports/results/h200/call_lib.sh
 COMMON=(--shape qwen3-8b --dtype bfloat16 --no-progress --commit "$COMMIT" --engine fast)
 for share in 1 2; do
     run decode-bs1-share$share 150 python -m twinfer.cli bench decode-bs1 "${COMMON[@]}" --rank-share $share --profile \

@@ -9,12 +9,8 @@
 # 2. each GPU test of tests/test_tensor_parallel_gpu.py in its own pytest process, with faulthandler: a run that
 #    outlives its limit gets SIGABRT and prints every thread's Python stack (an earlier call's pytest passed its
 #    four tests and then did not exit within its limit).
-set -o pipefail
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 PYTHONFAULTHANDLER=1 CALL_SIGNAL=ABRT CALL_BUDGET_S=585
-cd .clean || exit 1
-R=$OUT/tp
-mkdir -p "$R"
-source reports/results/h200/call_lib.sh
+export PYTHONFAULTHANDLER=1 CALL_SIGNAL=ABRT CALL_BUDGET_S=585
+RESULTS_NAME=tp source .clean/reports/results/h200/call_lib.sh
 nvidia-smi topo -m > "$R/topology.txt" 2>&1
 nvidia-smi nvlink -s >> "$R/topology.txt" 2>&1
 export TWINFER_RESULTS_DIR=$R
@@ -25,7 +21,9 @@ fi
 [[ ${PART:-figures} == tests ]] && for test in test_fp32_two_ranks_against_the_reference test_fp32_cuda_graphs_on_and_off_identical_with_two_ranks \
     test_one_shot_all_reduce_equals_nccl_in_fp32 test_a_worker_killed_mid_generation_makes_rank_0_raise \
     test_bf16_two_ranks_near_tie_rule_qwen3_8b; do
-    run "gpu_$test" 150 python -m pytest -q -p no:cacheprovider -rA -m gpu \
+    # The qwen3-8b test writes its 16 GB checkpoint first when the figures' call did not leave it on this machine.
+    limit=150; [[ $test == *qwen3_8b ]] && limit=260
+    run "gpu_$test" $limit python -m pytest -q -p no:cacheprovider -rA -m gpu \
         "tests/test_tensor_parallel_gpu.py::$test"
 done
 head -n 12 "$R/topology.txt"
