@@ -169,8 +169,8 @@ def gemv_config(m: int, n: int, k: int, dtype: torch.dtype, silu_mul: bool = Fal
       below, 1-7% faster there (one run), with BLOCK_K at least 256 below 64 Mi elements: at the
       rank share's gate_up (N=12288, K=4096) BLOCK_K=128 took 33.7 us against 27.5 us with 256
       (reports/results/kernels/gemv_rank_share/). The whole 8B gate_up (96 Mi) keeps 128: 49.6
-      against 50.0 us in isolation, and in the decode graph its GEMVs averaged 26.9 us a call with
-      256 against 25.6 with 128 (two calls on different days, so not conclusive, but no gain).
+      against 50.0 us in isolation, and with 256 the whole model's decode-graph GEMVs averaged
+      26.9 us a call against 25.6 (two separate calls, so not conclusive, but no gain).
     - Two to four rows and N <= 2048: the same FMA tiles (few output columns: the grid must stay
       wide, and the extra rows cost little).
     - Otherwise tensor cores (tl.dot, the M rows padded inside the MMA): BLOCK_N =
