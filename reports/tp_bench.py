@@ -267,6 +267,18 @@ def summary(engines: dict[str, dict[str, object]]) -> dict[str, object]:
     tpot = {ranks: runs["batch-1"]["metrics"]["tpot_s"] for ranks, runs in engines.items()}
     throughput = {ranks: runs["offline"]["metrics"]["output_tokens_per_s"] for ranks, runs in engines.items()}
     result: dict[str, object] = {"decode_bs1_tpot_s": tpot, "offline_256_output_tokens_per_s": throughput}
+    profiled = {ranks: runs["batch-1"]["profile"] for ranks, runs in engines.items() if "profile" in runs["batch-1"]}
+    if profiled:  # decode-bs1 on rank 0's GPU, per step: busy time, and the communication kernels' share of it
+        result["decode_bs1_rank0_per_step_ms"] = {
+            ranks: {
+                "gpu_busy": profile["gpu_busy_s_per_step"] * 1e3,
+                "communication_kernels": profile["kernel_time_s_by_kind"].get("all-reduce / communication", 0.0)
+                * 1e3
+                / profile["num_steps"],
+            }
+            for ranks, profile in profiled.items()
+            if profile["num_steps"]
+        }
     if tpot.get("1") and tpot.get("2"):
         ratio = tpot["2"] / tpot["1"]
         result["decode_bs1_tpot_ratio_2_over_1"] = ratio

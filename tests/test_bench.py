@@ -400,3 +400,23 @@ def test_bench_profile_records_a_profile_per_phase(tmp_path: Path) -> None:
     assert profile["num_steps"] == phase["runs"][0]["num_steps"]  # the profiled run did the same work
     assert profile["num_kernels"] == 0 and profile["gpu_busy_s"] == 0.0  # the CPU has no CUDA kernels
     assert _positive(profile["wall_s"])
+
+
+def test_tp_bench_summary_sets_two_ranks_against_one() -> None:
+    from reports.tp_bench import summary
+
+    def engine(tpot_s: float, tokens_per_s: float, communication_s: float) -> dict:
+        profile = {
+            "num_steps": 4,
+            "gpu_busy_s_per_step": 2e-3,
+            "kernel_time_s_by_kind": {"all-reduce / communication": communication_s},
+        }
+        return {
+            "batch-1": {"metrics": {"tpot_s": tpot_s}, "profile": profile},
+            "offline": {"metrics": {"output_tokens_per_s": tokens_per_s}},
+        }
+
+    result = summary({"2": engine(3.4e-3, 9000.0, 2e-3), "1": engine(5e-3, 8000.0, 0.0)})
+    assert result["decode_bs1_tpot_ratio_2_over_1"] == pytest.approx(0.68) and result["meets_target"]
+    assert result["offline_256_output_tokens_per_s"] == {"2": 9000.0, "1": 8000.0}
+    assert result["decode_bs1_rank0_per_step_ms"]["2"] == pytest.approx({"gpu_busy": 2.0, "communication_kernels": 0.5})
