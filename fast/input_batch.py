@@ -218,10 +218,11 @@ class InputBatch:
         into the packed host words (the token ids section, whose word i is token row i), which tensor
         parallelism sends to the other ranks. The device rows already hold them (set_pending_tokens)."""
         self.wait_for_upload()  # the upload that read these words has run (long since, in practice)
+        rows = np.asarray(token_rows, dtype=np.int64)
         words = self._host_view
-        if len(values) != len(token_rows) or any(words[row] != PENDING_TOKEN for row in token_rows):
-            raise RuntimeError(f"token rows {list(token_rows)} are not the pending rows of the loaded step")
-        words[list(token_rows)] = values
+        if len(values) != len(rows) or (words[rows] != PENDING_TOKEN).any():
+            raise RuntimeError(f"token rows {rows.tolist()} are not the pending rows of the loaded step")
+        words[rows] = values
 
     def _fill_decode(
         self,

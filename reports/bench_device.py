@@ -191,3 +191,23 @@ def _timer_name(device: torch.device) -> str:
 def _release_cached_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def cuda_bench_record(
+    prog: str, description: str | None, run: Callable[[], dict[str, object]], argv: list[str] | None
+) -> dict[str, object] | None:
+    """The common main of a CUDA-only benchmark module: parse `--json PATH`, refuse without CUDA (None,
+    after saying so on stderr), else run it and write its record as JSON to PATH, and return the record."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--json", type=Path, required=True, help="where to write the results")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"{prog.removeprefix('python -m reports.')} needs a CUDA device", file=sys.stderr)
+        return None
+    result = run()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result

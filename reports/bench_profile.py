@@ -77,22 +77,26 @@ def profile_run(run: Callable[[], PhaseRun], device: torch.device) -> tuple[Phas
 
 def host_call_summary(calls: list[KernelInterval]) -> list[dict[str, object]]:
     """Per name: how many calls, their total and mean host time (nested calls count in each)."""
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for call in calls:
-        by_name[call.name].append(call.end_us - call.start_us)
+    by_name = durations_by_name(calls)
     return [
         {"name": name, "calls": len(durations), "total_s": sum(durations) / 1e6, "mean_us": statistics.mean(durations)}
         for name, durations in sorted(by_name.items(), key=lambda item: -sum(item[1]))
     ]
 
 
+def durations_by_name(intervals: list[KernelInterval]) -> dict[str, list[float]]:
+    """Each name's interval lengths in microseconds, in the order the intervals came."""
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for interval in intervals:
+        by_name[interval.name].append(interval.end_us - interval.start_us)
+    return by_name
+
+
 def summarise(kernels: list[KernelInterval], phase_run: PhaseRun) -> dict[str, object]:
     wall_s = phase_run.wall_s
     num_steps = len(phase_run.step_wall_s)
     busy_s = busy_time_us(kernels) / 1e6
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for kernel in kernels:
-        by_name[kernel.name].append(kernel.end_us - kernel.start_us)
+    by_name = durations_by_name(kernels)
     total_kernel_s = sum(sum(durations) for durations in by_name.values()) / 1e6
     by_kind: dict[str, float] = defaultdict(float)
     for name, durations in by_name.items():

@@ -15,17 +15,15 @@ without it the command exits with status 2.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
 from fast.attention import INVARIANT_BLOCK_M, INVARIANT_BLOCK_N, PACKED_DECODE_MIN_SEQS, decode_split_size
 from fast.kernels.decode_attention import decode_attention, decode_workspace
 from fast.kernels.prefill_attention import prefill_attention
+from reports.bench_device import cuda_bench_record
 from reports.gemv_bench import time_in_graph
 from reports.invariant_attention_bench import BLOCK_SIZE, HEAD_DIM, NUM_Q_HEADS, cu_seqlens, paged_cache, queries
 
@@ -91,15 +89,9 @@ def run() -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reports.decode_attention_bench", description=__doc__)
-    parser.add_argument("--json", type=Path, required=True, help="where to write the results")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("decode_attention_bench needs a CUDA device", file=sys.stderr)
+    result = cuda_bench_record("python -m reports.decode_attention_bench", __doc__, run, argv)
+    if result is None:
         return 2
-    result = run()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(f"{'seqs':>5} {'context':>7} {'decode us':>10} {'packed us':>10} {'engine':>7} {'max diff':>9}")
     for row in result["rows"]:
         print(

@@ -20,18 +20,16 @@ Needs CUDA; without it the command exits with status 2.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
 from fast.attention import INVARIANT_BLOCK_M, INVARIANT_BLOCK_N, decode_split_size
 from fast.kernels.decode_attention import decode_attention, decode_workspace
 from fast.kernels.prefill_attention import prefill_attention
+from reports.bench_device import cuda_bench_record
 from reports.gemv_bench import time_in_graph
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
@@ -185,15 +183,9 @@ def run() -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reports.invariant_attention_bench", description=__doc__)
-    parser.add_argument("--json", type=Path, required=True, help="where to write the results")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("invariant_attention_bench needs a CUDA device", file=sys.stderr)
+    result = cuda_bench_record("python -m reports.invariant_attention_bench", __doc__, run, argv)
+    if result is None:
         return 2
-    result = run()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     for timing in result["timings"]:
         print(f"{timing['case']:8s} {timing['path']:40s} {timing['us_median']:9.1f} us")
     print("chunk invariance:", result["chunk_invariance"])

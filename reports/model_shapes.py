@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 import torch
 
+from fast.weights import ShardLayout
 from spec.checkpoint import expected_weight_shapes
 from spec.model_config import ModelConfig
 
@@ -111,13 +112,14 @@ class ModelShape:
             raise ValueError(f"{ranks} ranks do not divide {self.name}'s attention heads and intermediate size")
         if ranks == 1:
             return self
+        layout = ShardLayout.for_rank(self.model_config(), 0, ranks)  # the engine's own split rule
         return replace(
             self,
             name=f"{self.name}/rank-share-of-{ranks}",
-            vocab_size=max(WORKLOAD_VOCABULARY, -(-self.vocab_size // ranks)),
-            intermediate_size=self.intermediate_size // ranks,
-            num_attention_heads=self.num_attention_heads // ranks,
-            num_key_value_heads=max(1, self.num_key_value_heads // ranks),
+            vocab_size=max(WORKLOAD_VOCABULARY, layout.vocab_shard_size),
+            intermediate_size=layout.intermediate_size,
+            num_attention_heads=layout.num_heads,
+            num_key_value_heads=layout.num_kv_heads,
         )
 
 

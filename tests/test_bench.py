@@ -102,6 +102,12 @@ def test_rank_share_is_what_one_tensor_parallel_rank_holds() -> None:
         layout.intermediate_size,
         layout.vocab_shard_size,
     )
+    assert (share.num_attention_heads, share.num_key_value_heads, share.intermediate_size, share.vocab_size) == (
+        16,
+        4,
+        6144,
+        75968,
+    )
     assert (share.hidden_size, share.num_hidden_layers, share.head_dim) == (4096, 36, 128)
     # Everything but the unsharded norms and the embedding read once: half the decode step's weight bytes.
     ratio = share.weight_bytes_read_per_decode_step(torch.bfloat16) / full.weight_bytes_read_per_decode_step(
