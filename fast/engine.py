@@ -27,6 +27,7 @@ import torch
 
 from fast.input_batch import SequenceInput
 from fast.model_runner import ModelRunner, PreparedStep
+from fast.readback import HostTokens, TokenReadback
 from fast.sampler import Sampler, SamplerRow
 from fast.scheduler import Scheduler
 from fast.sharded_loading import CheckpointWeights, WeightSource
@@ -51,7 +52,7 @@ class StepTimings:
 
     num_steps: int = 0
     schedule_s: float = 0.0
-    prepare_s: float = 0.0
+    prepare_s: float = 0.0  # building and packing the step's inputs on the host, before its launch
     forward_s: float = 0.0
     # Of schedule_s: the time spent applying a step's lengths and scheduling the next one while the
     # device ran the step (EngineConfig.async_scheduling), i.e. not between two device steps; and
@@ -59,10 +60,11 @@ class StepTimings:
     ahead_s: float = 0.0
     ahead_steps: int = 0
     prepared_ahead_steps: int = 0  # steps launched from inputs loaded while the previous step ran
+    launched_ahead_steps: int = 0  # steps launched before the previous step's tokens were read
 
     def reset(self) -> None:
         self.num_steps, self.schedule_s, self.prepare_s, self.forward_s = 0, 0.0, 0.0, 0.0
-        self.ahead_s, self.ahead_steps, self.prepared_ahead_steps = 0.0, 0, 0
+        self.ahead_s, self.ahead_steps, self.prepared_ahead_steps, self.launched_ahead_steps = 0.0, 0, 0, 0
 
 
 class FastEngine(ScheduledEngine):
@@ -108,8 +110,10 @@ class FastEngine(ScheduledEngine):
         # Each unfinished request's constant sampler columns, keyed by the Request itself (not its id,
         # which a new request may reuse once this one is finished): made once, not every step.
         self._sampler_rows: dict[Request, SamplerRow] = {}
-        self._next_plan: StepPlan | None = None  # scheduled ahead (async_scheduling), not yet run
+        self._next_plan: StepPlan | None = None  # scheduled ahead (async_scheduling), not yet concluded
         self._prepared: _PreparedAhead | None = None  # its inputs, loaded ahead
+        self._in_flight: _LaunchedStep | None = None  # ... and launched ahead: the next step() concludes it
+        self._readback = TokenReadback(runner.max_step_seqs, runner.device)
         self._init_requests()
 
     @classmethod
@@ -184,25 +188,30 @@ class FastEngine(ScheduledEngine):
         next plan is scheduled, and the sampled values replace the placeholders when they reach the
         host, before anything reads them (outputs, invariant checks, the next step's inputs on the
         host). The next step's inputs are loaded ahead too (`_prepare_ahead`): its decode rows take
-        their tokens from this step's sampled tokens on the device. The plans are those of the
-        step-by-step engine: the same update, then the same schedule. Otherwise the step runs step by step.
+        their tokens from this step's sampled tokens on the device. Where the next step can go ahead in
+        turn, it is launched too (`_launch_next_ahead`), before this step's tokens are read: the device
+        then runs one step after the other with no wait for the host between them. The plans are those
+        of the step-by-step engine (the same update, then the same schedule), except that a request
+        added while a step is launched ahead joins the step after it. Otherwise the step runs step by step.
         """
         plan, self._next_plan = self._next_plan, None
         if plan is None:
             plan = self.scheduler.schedule()
             self._check_invariants()
-        if plan.is_empty:
+        if plan.is_empty:  # nothing to run (or every request of a step launched ahead was aborted)
+            self._in_flight = None
             return []
         sampling_ids = [chunk.request_id for chunk in plan.chunks if chunk.samples]
-        if not self.scheduler.finishes_by_length_only(sampling_ids):
+        if self._in_flight is None and not self.scheduler.finishes_by_length_only(sampling_ids):
             return self._run_plan(plan)
         finished: list[Request] = []
 
-        def schedule_next(tokens: torch.Tensor | None) -> None:
+        def schedule_next(step: _LaunchedStep) -> None:
             finished.extend(self.scheduler.update(plan, dict.fromkeys(sampling_ids, PENDING_TOKEN)))
             if self.scheduler.has_unfinished:  # as step by step: nothing is scheduled once all are done
                 self._next_plan = self.scheduler.schedule()
-                self._prepared = self._prepare_ahead(self._next_plan, sampling_ids, tokens)
+                self._prepared = self._prepare_ahead(self._next_plan, step)
+                self._launch_next_ahead(step)
             self.step_timings.ahead_steps += 1
 
         sampled = self.execute(plan, meanwhile=schedule_next)
@@ -211,50 +220,46 @@ class FastEngine(ScheduledEngine):
             requests[request_id].resolve_pending_token(token.token_id)
         return self._conclude(sampled, finished)
 
-    def _prepare_ahead(
-        self, plan: StepPlan, sampled_ids: list[str], sampled: torch.Tensor | None
-    ) -> _PreparedAhead | None:
-        """Load `plan`'s inputs and sampler rows now, while the device runs the step that samples
-        `sampled` (its rows in sampled_ids order): a token that step samples (PENDING_TOKEN on the host)
-        is copied into its input row on the device. Not for a plan that scores prompt positions.
-
-        Under tensor parallelism this loads rank 0's inputs; the other ranks get the step when it is
-        launched, by then with the sampled values written into the packed words (`_launch_ahead`)."""
+    def _prepare_ahead(self, plan: StepPlan, step: _LaunchedStep) -> _PreparedAhead | None:
+        """Load `plan`'s inputs and sampler rows now, while the device runs `step`: a token that step
+        samples (PENDING_TOKEN on the host) is copied into its input row on the device. Not for a plan
+        that scores prompt positions. Under tensor parallelism the other ranks get the rows to fill in
+        with the step's packed words, and fill them from the tokens rank 0 shares after sampling."""
         sequences, sampling, scored = self._sequences(plan)
         if scored:
             return None
-        source_row = {request_id: row for row, request_id in enumerate(sampled_ids)}
-        token_rows, source_rows, pending, cursor = [], [], [], 0
-        requests = self._requests
+        source_row = {request.request_id: row for row, (_, request) in enumerate(step.sampling)}
+        token_rows, source_rows, cursor = [], [], 0
         for chunk, sequence in zip(plan.chunks, sequences, strict=True):
             cursor += chunk.num_tokens
             if sequence.token_ids[-1] == PENDING_TOKEN:  # only ever a chunk's last token: the newest output
                 token_rows.append(cursor - 1)
                 source_rows.append(source_row[chunk.request_id])
-                pending.append(requests[chunk.request_id])
-        step = self.runner.prepare(sequences)
-        if sampled is not None:  # else no step sampled: nothing is pending
-            self.runner.inputs.set_pending_tokens(token_rows, sampled, source_rows)
+        prepared = self.runner.prepare(sequences)
+        if step.tokens is not None:  # else no step sampled: nothing is pending
+            self.runner.inputs.set_pending_tokens(token_rows, step.tokens, source_rows)
         if sampling:
             self._set_sampler_rows(sampling)
-        return _PreparedAhead(plan, step, sampling, list(zip(token_rows, pending, strict=True)))
+        return _PreparedAhead(plan, prepared, sampling)
 
-    def _launch_ahead(self, ahead: _PreparedAhead) -> torch.Tensor:
-        """Launch a step loaded ahead. Under tensor parallelism the packed words sent to the other ranks
-        must hold the tokens rank 0 filled in on its device: by now they are on the host (the step that
-        sampled them has been concluded), so they are written into the words before the send."""
-        if self.tensor_parallel is not None and ahead.pending:
-            rows = [row for row, _ in ahead.pending]
-            self.runner.inputs.resolve_pending_host_tokens(
-                rows, [request.output_token_ids[-1] for _, request in ahead.pending]
-            )
-        return self.runner.launch(ahead.step)
+    def _launch_next_ahead(self, step: _LaunchedStep) -> None:
+        """Launch the step whose inputs were just loaded ahead, before `step`'s tokens are read, when it
+        can go ahead itself (its requests finish by length only) and `step`'s logits will not be read
+        once it has run (no logprobs asked for: a graph replay rewrites them)."""
+        ahead = self._prepared
+        if ahead is None or any(request.params.logprobs for _, request in step.sampling):
+            return
+        if not self.scheduler.finishes_by_length_only(chunk.request_id for chunk in ahead.plan.chunks if chunk.samples):
+            return
+        self._in_flight = self._launch(ahead.plan, share=True)
+        self.step_timings.launched_ahead_steps += 1
 
     def add_request(
         self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
         request_id = super().add_request(prompt_token_ids, params, request_id)
-        if self._next_plan is not None:  # made before this request arrived: admit it as schedule() would
+        # A plan made before this request arrived admits it as schedule() would, unless it is launched.
+        if self._next_plan is not None and self._in_flight is None:
             self._next_plan = self.scheduler.admit_more()
             self._check_invariants()
         return request_id
@@ -262,17 +267,18 @@ class FastEngine(ScheduledEngine):
     def abort(self, request_id: str) -> RequestOutput:
         output = super().abort(request_id)
         if self._next_plan is not None:
-            self._next_plan = self.scheduler.drop_from_plan(request_id)
+            # A launched step runs with the request's row; its results for the request are dropped.
+            self._next_plan = self.scheduler.drop_from_plan(request_id, admit=self._in_flight is None)
             self._check_invariants()
         return output
 
     # -- one step --------------------------------------------------------------------------------
 
     def execute(
-        self, plan: StepPlan, meanwhile: Callable[[torch.Tensor | None], None] | None = None
+        self, plan: StepPlan, meanwhile: Callable[[_LaunchedStep], None] | None = None
     ) -> dict[str, SampledToken]:
         """meanwhile: host work run once the step's device work is queued, before its tokens are read;
-        it gets the step's sampled tokens on the device."""
+        it gets the launched step (its sampled tokens on the device)."""
         if self.tensor_parallel is None:
             return self._execute(plan, meanwhile)
         self.tensor_parallel.check()
@@ -284,38 +290,52 @@ class FastEngine(ScheduledEngine):
         return results
 
     def _execute(
-        self, plan: StepPlan, meanwhile: Callable[[torch.Tensor | None], None] | None = None
+        self, plan: StepPlan, meanwhile: Callable[[_LaunchedStep], None] | None = None
     ) -> dict[str, SampledToken]:
         started = time.perf_counter()
-        ahead, self._prepared = self._prepared, None
-        if ahead is not None and ahead.plan is plan:  # inputs and sampler rows loaded while the last step ran
-            sampling_requests, scored = ahead.sampling, []
-            self.step_timings.prepared_ahead_steps += 1
-            prepared = time.perf_counter()
-            logits = sample_logits = self._launch_ahead(ahead)
-            tokens = self.sampler.sample(logits) if sampling_requests else None
-        else:
-            sequences, sampling_requests, scored = self._sequences(plan)
-            prepared = time.perf_counter()
-            logits = sample_logits = self.runner.run(sequences)
-            if scored:  # the sampling rows among the scored ones
-                rows = torch.tensor([row for row, _ in sampling_requests], dtype=torch.int64, device=self.device)
-                sample_logits = logits[rows]
-            tokens = self._sample_tokens(sample_logits, sampling_requests)
+        step, self._in_flight = self._in_flight, None  # launched by the last step, for this plan
+        if step is None:
+            step = self._launch(plan, share=meanwhile is not None)
+        launched = time.perf_counter()
         ahead_s = 0.0
         if meanwhile is not None:
-            ahead_started = time.perf_counter()
-            meanwhile(tokens)
-            ahead_s = time.perf_counter() - ahead_started
-        results = self._sampled(sample_logits, sampling_requests, tokens)
-        if scored:
-            self._record_prompt_logprobs(logits, scored)
+            meanwhile(step)
+            ahead_s = time.perf_counter() - launched
+        results = self._sampled(step, plan)
+        if step.scored:
+            self._record_prompt_logprobs(step.logits, step.scored)
         finished = time.perf_counter()
-        self.step_timings.prepare_s += prepared - started
-        self.step_timings.forward_s += finished - prepared - ahead_s
+        self.step_timings.forward_s += finished - launched - ahead_s
         self.step_timings.ahead_s += ahead_s
         self._execute_s = finished - started - ahead_s  # the ahead time counts as scheduling
         return results
+
+    def _launch(self, plan: StepPlan, share: bool) -> _LaunchedStep:
+        """Queue the plan's forward pass, its sampling and the copy of its tokens to the host, from the
+        inputs loaded ahead for it if there are any. share: under tensor parallelism, send the sampled
+        tokens to the other ranks (the next step loaded ahead fills its pending rows from them)."""
+        started = time.perf_counter()
+        ahead, self._prepared = self._prepared, None
+        if ahead is not None and ahead.plan is plan:  # inputs and sampler rows loaded while the last step ran
+            prepared, sampling, scored = ahead.step, ahead.sampling, []
+            self.step_timings.prepared_ahead_steps += 1
+        else:
+            sequences, sampling, scored = self._sequences(plan)
+            prepared = self.runner.prepare(sequences)
+            if sampling:
+                self._set_sampler_rows(sampling)
+        self.step_timings.prepare_s += time.perf_counter() - started
+        num_shared = len(sampling) if share and self.tensor_parallel is not None else 0
+        logits = sample_logits = self.runner.launch(prepared, num_shared)
+        if scored:  # the sampling rows among the scored ones
+            rows = torch.tensor([row for row, _ in sampling], dtype=torch.int64, device=self.device)
+            sample_logits = logits[rows]
+        if not sampling:
+            return _LaunchedStep(plan, logits, sample_logits, sampling, scored, None, None)
+        tokens = self.sampler.sample(sample_logits)
+        if num_shared:
+            self.runner.share_tokens(tokens)
+        return _LaunchedStep(plan, logits, sample_logits, sampling, scored, tokens, self._readback.copy(tokens))
 
     def _sequences(
         self, plan: StepPlan
@@ -344,13 +364,6 @@ class FastEngine(ScheduledEngine):
             sequences.append(SequenceInput(request.token_span(start, num_tokens), start, table, offsets))
         return sequences, sampling, scored
 
-    def _sample_tokens(self, logits: torch.Tensor, sampling: list[tuple[int, Request]]) -> torch.Tensor | None:
-        """The sampled tokens on the device (queued, not read), or None when no chunk samples."""
-        if not sampling:
-            return None
-        self._set_sampler_rows(sampling)
-        return self.sampler.sample(logits)
-
     def _set_sampler_rows(self, sampling: list[tuple[int, Request]]) -> None:
         requests = [request for _, request in sampling]
         rows = self._sampler_rows
@@ -359,24 +372,28 @@ class FastEngine(ScheduledEngine):
             [len(request.output_token_ids) for request in requests],
         )
 
-    def _sampled(
-        self, logits: torch.Tensor, sampling: list[tuple[int, Request]], sampled: torch.Tensor | None
-    ) -> dict[str, SampledToken]:
-        """The tokens read on the host (the step's one wait for the device), with logprobs where asked for."""
-        if sampled is None:
+    def _sampled(self, step: _LaunchedStep, plan: StepPlan) -> dict[str, SampledToken]:
+        """The tokens read on the host (the step's one wait for the device), with logprobs where asked
+        for; only those of `plan`'s requests (a request aborted after its step was launched has none)."""
+        if step.host_tokens is None:
             return {}
-        requests = [request for _, request in sampling]
-        tokens = sampled.tolist()
+        requests = [request for _, request in step.sampling]
+        tokens = step.host_tokens.values()
         counts = [request.params.logprobs for request in requests]
         if not any(counts):  # most steps: no request asks for logprobs
-            return {
+            results = {
                 request.request_id: SampledToken(token, None) for request, token in zip(requests, tokens, strict=True)
             }
-        entries = token_logprobs(logits, tokens, counts)
-        return {
-            request.request_id: SampledToken(token, entry if count > 0 else None)
-            for request, token, entry, count in zip(requests, tokens, entries, counts, strict=True)
-        }
+        else:
+            entries = token_logprobs(step.sample_logits, tokens, counts)
+            results = {
+                request.request_id: SampledToken(token, entry if count > 0 else None)
+                for request, token, entry, count in zip(requests, tokens, entries, counts, strict=True)
+            }
+        if plan is not step.plan:  # requests dropped from the plan after its launch
+            kept = {chunk.request_id for chunk in plan.chunks if chunk.samples}
+            results = {request_id: token for request_id, token in results.items() if request_id in kept}
+        return results
 
     def _sampler_row(self, request: Request) -> SamplerRow:
         """The request's constant sampler columns, made on its first sampling step and kept until it finishes."""
@@ -406,7 +423,19 @@ class _PreparedAhead:
     plan: StepPlan
     step: PreparedStep
     sampling: list[tuple[int, Request]]  # (logit row, request) of each sampling chunk
-    pending: list[tuple[int, Request]]  # (token row, request) of each row loaded as PENDING_TOKEN
+
+
+@dataclass(frozen=True)
+class _LaunchedStep:
+    """A plan whose forward pass, sampling and tokens' copy to the host are queued (FastEngine._launch)."""
+
+    plan: StepPlan  # as launched (a request aborted since is dropped from the engine's plan, not from this)
+    logits: torch.Tensor  # every logit row
+    sample_logits: torch.Tensor  # the sampling rows' (a graph's output buffer: the next replay rewrites it)
+    sampling: list[tuple[int, Request]]  # (logit row, request) of each sampling chunk; tokens in this order
+    scored: list[tuple[int, Request, int]]  # (logit row, request, prompt position) of each scored position
+    tokens: torch.Tensor | None  # int64 [len(sampling)] on the device; None when no chunk samples
+    host_tokens: HostTokens | None
 
 
 def _check_device(device: torch.device) -> None:

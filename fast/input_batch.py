@@ -28,7 +28,10 @@ be packed while the device still has the last copy queued.
 
 Under tensor parallelism rank 0 packs and uploads as above, then sends the same packed words
 (`host`, `packed_words`) to the other ranks, which upload them with `load_received`: packing
-happens once, and every rank's device buffers hold the same step.
+happens once, and every rank's device buffers hold the same step. A step loaded ahead carries its
+pending tokens' (token row, source row) pairs after the packed words (`append_pending_words`); the
+other ranks fill those rows from the sampled tokens rank 0 shared with them on the device
+(`apply_received_pending`), so no rank waits for the host to learn a token before its next step.
 """
 
 from __future__ import annotations
@@ -42,8 +45,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-
-from spec.request import PENDING_TOKEN
 
 _C_INT_IS_32_BITS = array("i").itemsize == 4  # array typecode "i" is C int: int32 on every platform torch supports
 
@@ -90,7 +91,8 @@ class InputBatch:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.max_num_tokens = max_num_tokens
         self.max_num_seqs = max_num_seqs
-        capacity = 4 * max_num_tokens + 2 * max_num_seqs + 1 + max_num_seqs * max_blocks_per_seq
+        # The packed sections at their largest, then room for the pending pairs sent after them.
+        capacity = 4 * max_num_tokens + 4 * max_num_seqs + 1 + max_num_seqs * max_blocks_per_seq
         pin = device.type == "cuda"
         self._host = torch.zeros(capacity, dtype=torch.int32, pin_memory=pin)
         self._host_view = self._host.numpy()
@@ -111,6 +113,8 @@ class InputBatch:
         self._pending_host = torch.zeros(2 * max_num_seqs, dtype=torch.int64, pin_memory=pin)
         self._pending_rows = torch.zeros(2 * max_num_seqs, dtype=torch.int64, device=device)
         self._pending_uploaded = torch.cuda.Event() if device.type == "cuda" else None
+        self._num_pending = 0  # pending token rows of the step loaded last
+        self._packed_words = 0  # words of the step loaded last (its packed section)
 
     @property
     def host(self) -> torch.Tensor:
@@ -131,6 +135,27 @@ class InputBatch:
     def load_received(self, num_tokens: int, num_logit_rows: int, num_seqs: int, table_width: int) -> None:
         """Upload a packed section received into `host` (from rank 0) into the device buffers."""
         self._upload(num_tokens, num_logit_rows, num_seqs, table_width)
+
+    @property
+    def num_pending(self) -> int:
+        """Token rows of the step loaded last that set_pending_tokens fills in on the device."""
+        return self._num_pending
+
+    def append_pending_words(self) -> int:
+        """Rank 0, before sending the loaded step: its pending (token row, source row) pairs into `host`
+        after the packed section (P token rows, then P source rows); the number of words appended."""
+        count = self._num_pending
+        if count:
+            pairs = self._pending_host.numpy()[: 2 * count]
+            self._host_view[self._packed_words : self._packed_words + 2 * count] = pairs
+        return 2 * count
+
+    def apply_received_pending(self, num_pending: int, source: torch.Tensor) -> None:
+        """The other ranks, after `load_received`: fill the pending rows received after the packed
+        section from `source`, the tokens rank 0 shared after the step that sampled them."""
+        if num_pending:
+            pairs = self._host_view[self._packed_words : self._packed_words + 2 * num_pending].tolist()
+            self.set_pending_tokens(pairs[:num_pending], source, pairs[num_pending:])
 
     def load(self, sequences: Sequence[SequenceInput], pad_to: int | None = None) -> StepShape:
         """Fill the buffers for these sequences; with pad_to, append decode padding rows up to that many
@@ -197,6 +222,7 @@ class InputBatch:
         on the device, and the copy runs after the sampling that writes them (same stream, queued later).
         """
         count = len(token_rows)
+        self._num_pending = count
         if count == 0:
             return
         if count > self.max_num_seqs or len(source_rows) != count:
@@ -212,17 +238,6 @@ class InputBatch:
             self._pending_uploaded.record()
         taken = source.index_select(0, rows[count:]).to(self.token_ids.dtype)
         self.token_ids.index_copy_(0, rows[:count], taken)
-
-    def resolve_pending_host_tokens(self, token_rows: Sequence[int], values: Sequence[int]) -> None:
-        """After `load` and `set_pending_tokens`, once the pending tokens' values are on the host: write them
-        into the packed host words (the token ids section, whose word i is token row i), which tensor
-        parallelism sends to the other ranks. The device rows already hold them (set_pending_tokens)."""
-        self.wait_for_upload()  # the upload that read these words has run (long since, in practice)
-        rows = np.asarray(token_rows, dtype=np.int64)
-        words = self._host_view
-        if len(values) != len(rows) or (words[rows] != PENDING_TOKEN).any():
-            raise RuntimeError(f"token rows {rows.tolist()} are not the pending rows of the loaded step")
-        words[rows] = values
 
     def _fill_decode(
         self,
@@ -277,7 +292,8 @@ class InputBatch:
         return tuple(views)
 
     def _upload(self, num_tokens: int, num_logits: int, num_seqs: int, width: int) -> None:
-        used = self.packed_words(num_tokens, num_logits, num_seqs, width)
+        used = self._packed_words = self.packed_words(num_tokens, num_logits, num_seqs, width)
+        self._num_pending = 0  # until set_pending_tokens
         self._staging[:used].copy_(self._host[:used], non_blocking=True)
         if self._uploaded is not None:
             self._uploaded.record()

@@ -116,6 +116,9 @@ class ModelRunner:
             device,
         )
         self.channel = StepChannel(groups) if groups is not None else None
+        # Ranks > 0: the sampled tokens rank 0 shares after a step (async scheduling), which the
+        # pending rows of the step after it are filled from.
+        self._shared_tokens = torch.zeros(self.max_step_seqs, dtype=torch.int64, device=device)
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda" and self.config.enable_cuda_graphs:
             self.graphs = DecodeGraphs(self.max_step_seqs)
@@ -154,10 +157,12 @@ class ModelRunner:
             return PreparedStep(self.inputs.load(sequences, pad_to=size), size, len(sequences))
         return PreparedStep(self.inputs.load(sequences), 0, len(sequences))
 
-    def launch(self, prepared: PreparedStep) -> torch.Tensor:
-        """The forward pass of the step `prepare` loaded last (a graph replay for graph-sized decode steps)."""
+    def launch(self, prepared: PreparedStep, num_shared: int = 0) -> torch.Tensor:
+        """The forward pass of the step `prepare` loaded last (a graph replay for graph-sized decode steps).
+        num_shared: under tensor parallelism, the number of tokens `share_tokens` will share after this
+        step (the other ranks wait for them once they have run it)."""
         if self.channel is not None:
-            self._send_step(prepared.shape, prepared.graph_size)
+            self._send_step(prepared.shape, prepared.graph_size, num_shared)
         if prepared.graph_size:
             return self.graphs.replay(prepared.graph_size)[: prepared.num_sequences]
         return self._forward(prepared.shape)
@@ -175,11 +180,12 @@ class ModelRunner:
 
     # -- tensor parallelism ------------------------------------------------------------------------
 
-    def _send_step(self, shape: StepShape, graph_size: int) -> None:
-        """Rank 0: the step's packed inputs to the other ranks, before its own forward."""
+    def _send_step(self, shape: StepShape, graph_size: int, num_shared: int) -> None:
+        """Rank 0: the step's packed inputs (and its pending rows) to the other ranks, before its own forward."""
         inputs = self.inputs
         width = inputs.table_width
         words = InputBatch.packed_words(shape.num_tokens, shape.num_logit_rows, shape.num_seqs, width)
+        words += inputs.append_pending_words()
         header = StepHeader(
             StepCommand.STEP,
             shape.num_tokens,
@@ -189,8 +195,15 @@ class ModelRunner:
             shape.max_query_len,
             graph_size,
             words,
+            inputs.num_pending,
+            num_shared,
         )
         self.channel.send(header, inputs.host)
+
+    def share_tokens(self, tokens: torch.Tensor) -> None:
+        """Rank 0, after sampling a step launched with num_shared = len(tokens): the tokens to the other ranks."""
+        if self.collectives is not None:
+            self.collectives.share_tokens(tokens)
 
     @torch.inference_mode()
     def serve(self) -> None:
@@ -204,6 +217,7 @@ class ModelRunner:
             if header.command is StepCommand.STOP:
                 return
             inputs.load_received(header.num_tokens, header.num_logit_rows, header.num_seqs, header.table_width)
+            inputs.apply_received_pending(header.num_pending, self._shared_tokens)
             if header.graph_size:
                 if self.graphs is None:
                     raise TensorParallelError("rank 0 replays a CUDA graph that this rank did not capture")
@@ -213,6 +227,8 @@ class ModelRunner:
                 self._forward(
                     StepShape(header.num_tokens, header.num_seqs, header.num_logit_rows, header.max_query_len, decode)
                 )
+            if header.num_shared:
+                self.collectives.share_tokens(self._shared_tokens[: header.num_shared])
 
     def release_graphs(self, synchronize: bool = True) -> None:
         """Destroy the decode graphs (before tensor parallelism's process groups are destroyed: see

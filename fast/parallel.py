@@ -4,7 +4,8 @@ Two process groups span the ranks:
 
     compute  the default group: NCCL on GPUs, gloo on the CPU. Carries the model's collectives
              (an all-reduce after each row-parallel matmul and after the embedding, the gather of
-             the logits) and the start-up agreements. Bounded timeout.
+             the logits), under async scheduling rank 0's sampled tokens (`share_tokens`), and the
+             start-up agreements. Bounded timeout.
     control  a gloo group on the CPU. Carries `StepChannel`: once per step rank 0 broadcasts a
              small header and its packed int32 input section (fast.input_batch), never per layer.
              The other ranks wait on it between steps, for as long as the engine idles, so its
@@ -180,6 +181,11 @@ class Collectives:
         logits = gathered.view(world, rows, shard).permute(1, 0, 2).reshape(rows, world * shard)
         return logits[:, : self.vocab_size].contiguous()
 
+    def share_tokens(self, tokens: torch.Tensor) -> None:
+        """Rank 0's sampled tokens (int64 [n]) into `tokens` on every rank, queued on the device: the
+        other ranks fill the next step's pending rows from them without waiting for the host."""
+        dist.broadcast(tokens, src=0, group=self.groups.compute)
+
     def agree_min(self, value: int) -> int:
         """The smallest of every rank's value (a collective)."""
         tensor = torch.tensor([value], dtype=torch.int64, device=self.groups.device)
@@ -316,7 +322,12 @@ class StepHeader:
     table_width: int = 0
     max_query_len: int = 0
     graph_size: int = 0  # > 0: replay the decode graph of this batch size; 0: an eager forward
-    payload_len: int = 0  # int32 words of the packed input section
+    payload_len: int = 0  # int32 words: the packed input section, then 2 x num_pending
+    # Token rows loaded as pending (the pairs follow the packed section), filled from the shared tokens.
+    num_pending: int = 0
+    # > 0: rank 0 shares this many sampled tokens after the step (Collectives.share_tokens), for the
+    # pending rows of the step after it.
+    num_shared: int = 0
 
     def words(self) -> list[int]:
         return [
@@ -328,6 +339,8 @@ class StepHeader:
             self.max_query_len,
             self.graph_size,
             self.payload_len,
+            self.num_pending,
+            self.num_shared,
         ]
 
     @classmethod

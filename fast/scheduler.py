@@ -191,18 +191,19 @@ class Scheduler:
         self._plan = StepPlan(chunks=tuple(chunks), preempted=plan.preempted, admitted=tuple(admitted))
         return self._plan
 
-    def drop_from_plan(self, request_id: str) -> StepPlan:
-        """The scheduled plan without an aborted request, then admit_more. Exactly `schedule`'s plan
-        unless the request had a chunk in it: its blocks were freed after the plan grew others' tables
+    def drop_from_plan(self, request_id: str, admit: bool = True) -> StepPlan:
+        """The scheduled plan without an aborted request, then (admit) admit_more. Exactly `schedule`'s
+        plan unless the request had a chunk in it: its blocks were freed after the plan grew others' tables
         or preempted for room, and a request admitted into the plan keeps the chunk the aborted one's
-        budget left it; `schedule` would have made all of these with the blocks and budget free."""
+        budget left it; `schedule` would have made all of these with the blocks and budget free.
+        admit=False: the plan is already running on the device and can take no one more."""
         plan = self._scheduled_plan()
         self._plan = StepPlan(
             chunks=tuple(chunk for chunk in plan.chunks if chunk.request_id != request_id),
             preempted=tuple(other for other in plan.preempted if other != request_id),
             admitted=tuple(other for other in plan.admitted if other != request_id),
         )
-        return self.admit_more()
+        return self.admit_more() if admit else self._plan
 
     def _scheduled_plan(self) -> StepPlan:
         if self._plan is None:

@@ -3,7 +3,7 @@
 On an H200, offline-256 keeps the GPU busy only part of the time: between GPU steps the host
 schedules, packs the step's inputs, loads the sampler's rows and applies the sampled tokens.
 This harness times exactly that host path. It runs the real FastEngine code (ScheduledEngine.step,
-FastEngine.step / _execute / _sequences / _sample_tokens / _sampled), the real fast.scheduler.Scheduler and its
+FastEngine.step / _execute / _sequences / _launch / _sampled), the real fast.scheduler.Scheduler and its
 block allocator, the real fast.input_batch.InputBatch.load (on the CPU) and the real
 fast.sampler.Sampler's host work, and replaces only what runs on the device:
 
@@ -123,7 +123,7 @@ class StubRunner:
             return PreparedStep(self.inputs.load(sequences, pad_to=size), size, len(sequences))
         return PreparedStep(self.inputs.load(sequences), 0, len(sequences))
 
-    def launch(self, prepared: PreparedStep) -> torch.Tensor:
+    def launch(self, prepared: PreparedStep, num_shared: int = 0) -> torch.Tensor:
         """Zero logits for the step `prepare` loaded (the digest run hashes its inputs here, once any token
         loaded as pending has been filled in on the "device" by InputBatch.set_pending_tokens)."""
         if self.input_digest is not None:

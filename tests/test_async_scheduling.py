@@ -1,5 +1,7 @@
 """EngineConfig.async_scheduling: the fast engine schedules step n+1 while step n runs, and does
-exactly what it does step by step: the same plans, the same runner inputs, the same outputs.
+exactly what it does step by step: the same plans, the same runner inputs, the same outputs. Where
+no logprobs are asked for, step n+1 is also launched before step n's tokens are read; then a
+request added in between joins step n+2, the one departure from the step-by-step plans.
 
 On the CPU nothing runs beside the host, so these tests check the decisions, not the overlap (the
 time saved is a GPU measurement). The scheduled-ahead path must actually run (StepTimings.ahead_steps),
@@ -136,3 +138,75 @@ def test_a_pending_token_is_resolved_once() -> None:
 )
 def test_which_requests_can_be_scheduled_ahead(params: SamplingParams, eos: frozenset[int], by_length: bool) -> None:
     assert FinishLimits.of(params, 3, eos, 100).by_length_only is by_length
+
+
+# ----------------------------------------------------------------------------- steps launched ahead
+
+
+def tokens_only(**changes: object) -> SamplingParams:
+    """No logprobs: a step's logits are not read after sampling, so the next step may be launched first."""
+    return greedy(logprobs=0, **changes)
+
+
+def test_steps_launched_ahead_give_the_same_plans_and_outputs(tiny_weights) -> None:
+    """Chunked prefill and preemption as above, without logprobs: the steps after the first are
+    launched before the last one's tokens are read, and plans and outputs stay the step-by-step ones."""
+    prompts = [[(7 * i + j) % 300 + 1 for j in range(n)] for i, n in enumerate((9, 3, 14, 6))]
+    runs = {}
+    for ahead in (False, True):
+        engine = fast_engine(tiny_weights, ahead, num_blocks=9, max_num_batched_tokens=8)
+        plans = recorded(engine)
+        runs[ahead] = (plans, engine.generate(prompts, tokens_only()), engine)
+    (plans, outputs, _), (ahead_plans, ahead_outputs, engine) = runs[False], runs[True]
+    assert any(plan.preempted for plan in plans), "the pool must force a preemption"
+    assert ahead_plans == plans and ahead_outputs == outputs
+    assert engine.step_timings.launched_ahead_steps == len(plans) - 1
+    assert engine.scheduler.allocator.num_free_blocks == engine.config.pool_blocks
+
+
+def test_arrivals_and_aborts_while_a_step_is_launched_ahead(tiny_weights) -> None:
+    """A request added while a step is launched joins the step after it; a request aborted while its
+    chunk runs in a launched step gets no token from it and frees its blocks. Each request's tokens
+    equal the step-by-step engine's (the tiny model's greedy tokens do not depend on the batch)."""
+    runs = {}
+    for ahead in (False, True):
+        engine = fast_engine(tiny_weights, ahead, max_num_seqs=3)
+        plans = recorded(engine)
+        engine.add_request([5, 6, 7, 8, 9, 10], tokens_only(max_tokens=9), "a")
+        engine.add_request([11, 12, 13], tokens_only(max_tokens=6), "b")
+        engine.step()
+        launched = engine._in_flight
+        engine.add_request([30, 31], tokens_only(), "d")
+        aborted = engine.abort("b")
+        finished = {}
+        while engine.has_unfinished:
+            finished.update((o.request_id, o) for o in engine.step() if o.finished)
+        runs[ahead] = (plans, finished, aborted, launched, engine)
+    (plans, finished, aborted, _, _), (ahead_plans, ahead_finished, ahead_aborted, launched, engine) = (
+        runs[False],
+        runs[True],
+    )
+    assert launched is not None and {c.request_id for c in launched.plan.chunks} == {"a", "b"}
+    # Step by step, "d" joins the second step; ahead it joins the third, and "b" ran in the second.
+    assert {c.request_id for c in plans[1].chunks} == {"a", "d"}
+    assert {c.request_id for c in ahead_plans[1].chunks} == {"a"}
+    assert {c.request_id for c in ahead_plans[2].chunks} == {"a", "d"}
+    assert ahead_aborted.token_ids == aborted.token_ids and len(aborted.token_ids) == 1
+    assert {k: v.token_ids for k, v in ahead_finished.items()} == {k: v.token_ids for k, v in finished.items()}
+    assert engine.step_timings.launched_ahead_steps > 0
+    assert engine.scheduler.allocator.num_free_blocks == engine.config.pool_blocks
+
+
+def test_aborting_every_request_of_a_launched_step(tiny_weights) -> None:
+    """The launched step's plan is empty: the next step drops it and schedules afresh."""
+    engine = fast_engine(tiny_weights, True)
+    engine.add_request([5, 6, 7], tokens_only(), "a")
+    engine.step()
+    assert engine._in_flight is not None
+    engine.abort("a")
+    assert not engine.has_unfinished
+    engine.add_request([8, 9], tokens_only(max_tokens=2), "b")
+    outputs = engine.generate([[8, 9]], tokens_only(max_tokens=2))
+    expected = fast_engine(tiny_weights, False).generate([[8, 9]], tokens_only(max_tokens=2))
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+    assert engine.scheduler.allocator.num_free_blocks == engine.config.pool_blocks

@@ -9,6 +9,7 @@ are written as JSON under $TWINFER_RESULTS_DIR when it is set, so a GPU run can 
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
@@ -111,6 +112,13 @@ def test_async_scheduling_gives_the_step_by_step_outputs_bit_for_bit(fp32_weight
         ours, theirs = ahead.generate(prompts, sampling), step_by_step.generate(prompts, sampling)
         assert [(o.token_ids, o.logprobs) for o in ours] == [(t.token_ids, t.logprobs) for t in theirs]
     assert ahead.step_timings.ahead_steps == ahead.step_timings.num_steps > 0
+    # Without logprobs each step is launched before the last one's tokens are read (read from pinned
+    # copies queued right after sampling): the same tokens still.
+    for sampling in params:
+        tokens_only = replace(sampling, logprobs=0)
+        ours, theirs = ahead.generate(prompts, tokens_only), step_by_step.generate(prompts, tokens_only)
+        assert [o.token_ids for o in ours] == [t.token_ids for t in theirs]
+    assert ahead.step_timings.launched_ahead_steps > 32
 
 
 def test_stale_padding_rows_do_not_leak(fp32_weights) -> None:

@@ -232,8 +232,9 @@ def test_two_ranks_match_reference_and_transformers_qwen3(tiny_checkpoint: Path,
 
 def test_two_ranks_with_async_scheduling_match_the_reference(tiny_checkpoint: Path) -> None:
     """Steps loaded ahead on rank 0 (their decode tokens filled in on its device) reach rank 1 with the
-    sampled tokens in their packed words: greedy and seeded sampling, and requests that join while a
-    plan is made ahead, equal to the reference engine step by step."""
+    rows to fill in, which it fills from the sampled tokens rank 0 shares: greedy and seeded sampling,
+    with logprobs (each step launched once the last one's tokens are read) and without (launched
+    before), and requests that join while a plan is made ahead, equal to the reference engine."""
     config, state_dict = _weights(tiny_checkpoint)
     engine_config = EngineConfig(block_size=BLOCK_SIZE, num_blocks=64, check_invariants=True)
     reference = ReferenceEngine(config, state_dict, engine_config, torch.float32, "cpu")
@@ -246,6 +247,13 @@ def test_two_ranks_with_async_scheduling_match_the_reference(tiny_checkpoint: Pa
                 comparison = compare_traces(trace_from_output(parallel), trace_from_output(expected), 1e-4)
                 assert comparison.agree, f"async 2 ranks vs reference ({params.temperature}): {comparison}"
         assert fast.step_timings.prepared_ahead_steps >= MAX_NEW_TOKENS, "no step was launched from inputs loaded ahead"
+        assert fast.step_timings.launched_ahead_steps == 0, "a step with logprobs had its logits rewritten"
+        for params in (GREEDY, seeded):
+            tokens_only = dataclasses.replace(params, logprobs=0)
+            outputs = fast.generate(MIXED_PROMPTS, tokens_only)
+            expected = reference.generate(MIXED_PROMPTS, tokens_only)
+            assert [o.token_ids for o in outputs] == [o.token_ids for o in expected], params.temperature
+        assert fast.step_timings.launched_ahead_steps >= MAX_NEW_TOKENS, "no step was launched ahead"
         staggered = _run_staggered(fast, PREFIX_PROMPTS[0], PREFIX_PROMPTS[1:])
         for parallel, expected in zip(
             staggered, _run_staggered(reference, PREFIX_PROMPTS[0], PREFIX_PROMPTS[1:]), strict=True
