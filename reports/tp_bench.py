@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="< 1 shrinks the workloads (harness tests only)")
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="where random checkpoints are kept")
     parser.add_argument(
-        "--async-scheduling", action="store_true", help="every engine schedules and loads each step ahead"
+        "--async-scheduling", action="store_true", help="every engine schedules, loads and launches each step ahead"
     )
     parser.add_argument(
         "--profile",

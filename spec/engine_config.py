@@ -34,10 +34,10 @@ class EngineConfig:
         with fixed tiles for prefill and decode); slower. The reference engine ignores it.
     tensor_parallel_size: GPUs (ranks, one process each) the fast engine splits the model across;
         1 is a single process.
-    async_scheduling: the fast engine plans step n+1 while the device runs step n (same plans).
-        It does so in the steps where no request's finish depends on the value of the token step n
+    async_scheduling: the fast engine plans, loads and launches step n+1 while the device runs step n.
+        It plans ahead in the steps where no request's finish depends on the value of the token step n
         samples (no stop or end-of-sequence id can end it: ignore_eos and no stop_token_ids), and
-        loads step n+1's inputs then too (its decode tokens filled in on the device); where step
+        loads step n+1's inputs then (its decode tokens filled in on the device); where step
         n asks no logprobs and step n+1 could go ahead too, step n+1 is launched before step n's
         tokens are read. Its plans are then those of the step-by-step engine, but for an abort,
         between steps, of a request in the plan made ahead (fast.scheduler.Scheduler.drop_from_plan)
