@@ -6,8 +6,8 @@ One forward pass over a flattened batch of T tokens (prefill chunks and decode t
     per layer:  x, residual = add_rmsnorm(hidden, residual)          (residual carried, fused add)
                 qkv [T, (H + 2 Hkv) * D] = x @ W_qkv^T (+ bias)       (one fused matmul)
                 q [T, H, D], k, v [T, Hkv, D] = views into qkv
-                q, k <- (per-head RMSNorm, Qwen3) + RoPE, in place     (qk_norm_rope_)
-                store_kv(k, v -> paged cache at slots)
+                q, k <- (per-head RMSNorm, Qwen3) + RoPE, in place, and
+                k, v -> paged cache at slots                          (one kernel: qk_norm_rope_store_kv_)
                 attn [T, H, D] = paged attention (prefill kernel, or the decode kernel when every
                                  sequence has one query)
                 hidden = attn @ W_o^T;  x, residual = add_rmsnorm(hidden, residual)
@@ -42,9 +42,8 @@ from torch.nn import functional
 from fast.attention import StepAttention
 from fast.kernels.add_rmsnorm import add_rmsnorm, rmsnorm
 from fast.kernels.gemv import MAX_GEMV_ROWS, small_batch_linear
-from fast.kernels.kv_store import store_kv
 from fast.kernels.matmul import invariant_linear
-from fast.kernels.qk_norm_rope import qk_norm_rope_
+from fast.kernels.qk_norm_rope import qk_norm_rope_store_kv_
 from fast.kernels.silu_and_mul import silu_and_mul
 from fast.kv_cache import KVCache
 from fast.parallel import Collectives
@@ -207,8 +206,9 @@ class FastCausalLM:
         q = qkv[:, :q_width].view(num_tokens, self.num_heads, self.head_dim)
         k = qkv[:, q_width : q_width + kv_width].view(num_tokens, self.num_kv_heads, self.head_dim)
         v = qkv[:, q_width + kv_width :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        qk_norm_rope_(q, k, layer.q_norm, layer.k_norm, self.cos_sin, positions, self.eps)
         k_cache, v_cache = cache.layer(index)
-        store_kv(k, v, k_cache, v_cache, slots)
+        qk_norm_rope_store_kv_(
+            q, k, v, layer.q_norm, layer.k_norm, self.cos_sin, positions, self.eps, k_cache, v_cache, slots
+        )
         out = attention.attend(q, k_cache, v_cache)
         return out.view(num_tokens, q_width)

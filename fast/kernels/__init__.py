@@ -4,7 +4,8 @@
     prefill_attention   prefill_attention: paged causal attention, packed variable-length queries
     decode_attention    decode_attention: paged split-KV (flash-decoding) attention, one query per sequence
     add_rmsnorm         add_rmsnorm / rmsnorm: fused residual add + RMSNorm
-    qk_norm_rope        qk_norm_rope_: Qwen3 per-head q/k RMSNorm + rotate-half RoPE, in place
+    qk_norm_rope        qk_norm_rope_: Qwen3 per-head q/k RMSNorm + rotate-half RoPE, in place;
+                        qk_norm_rope_store_kv_: the same, then k and v into the paged cache (one kernel)
     silu_and_mul        silu_and_mul: SwiGLU activation of a merged gate_up projection
     matmul              invariant_linear: the batch-invariant matmul (fixed tiles, no split-K)
     gumbel_sample       gumbel_sample: spec.sampling's Gumbel-max step fused over the vocabulary

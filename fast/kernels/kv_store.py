@@ -82,6 +82,32 @@ def store_kv(
     Slots are not range-checked (that would need a device sync): the caller guarantees
     0 <= slot < num_blocks * block_size for every non-padding token. num_warps is a tuning knob.
     """
+    check_store_kv_args(k, v, k_cache, v_cache, slot_mapping)
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+
+    _kv_store_kernel[(num_tokens,)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_HEADS=triton.next_power_of_2(num_kv_heads),
+        num_warps=num_warps,
+    )
+
+
+def check_store_kv_args(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """store_kv's argument checks (also those of fast.kernels.qk_norm_rope.qk_norm_rope_store_kv_)."""
     check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
     check_tensor("v", v, ndim=3, dtypes=FLOAT_DTYPES)
     check_tensor("k_cache", k_cache, ndim=4, dtypes=FLOAT_DTYPES)
@@ -103,21 +129,3 @@ def store_kv(
             raise ValueError(f"{name} must have stride 1 in its last dimension, got strides {tensor.stride()}")
     if head_dim & (head_dim - 1):
         raise ValueError(f"head_dim must be a power of two, got {head_dim}")
-    if num_tokens == 0:
-        return
-
-    _kv_store_kernel[(num_tokens,)](
-        k,
-        v,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_HEADS=triton.next_power_of_2(num_kv_heads),
-        num_warps=num_warps,
-    )
