@@ -239,8 +239,7 @@ def qk_norm_rope_(
     Positions are not range-checked against cos_sin_cache (that would need a device sync):
     the caller guarantees 0 <= position < max_positions.
     """
-    apply_norm = _check_qk_norm_rope_args(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, heads_per_program)
-    _launch(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, apply_norm, None, heads_per_program, num_warps)
+    _norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, None, heads_per_program, num_warps)
 
 
 def qk_norm_rope_store_kv_(
@@ -262,13 +261,11 @@ def qk_norm_rope_store_kv_(
     """`qk_norm_rope_`, then `store_kv(k, v, k_cache, v_cache, slot_mapping)`, in one kernel: the same
     values in q, k and the caches (the cached k is the k stored back, rounded once). Arguments as those
     two functions take them; padding tokens (slot < 0) are rotated but not stored."""
-    apply_norm = _check_qk_norm_rope_args(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, heads_per_program)
-    check_store_kv_args(k, v, k_cache, v_cache, slot_mapping)
     cache = (v, k_cache, v_cache, slot_mapping)
-    _launch(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, apply_norm, cache, heads_per_program, num_warps)
+    _norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, cache, heads_per_program, num_warps)
 
 
-def _check_qk_norm_rope_args(
+def _norm_rope(
     q: torch.Tensor,
     k: torch.Tensor,
     q_weight: torch.Tensor | None,
@@ -276,9 +273,12 @@ def _check_qk_norm_rope_args(
     cos_sin_cache: torch.Tensor,
     positions: torch.Tensor,
     eps: float,
+    cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
     heads_per_program: int,
-) -> bool:
-    """Whether the norm applies; raises TypeError/ValueError naming a bad argument."""
+    num_warps: int,
+) -> None:
+    """Check the arguments (TypeError/ValueError naming a bad one), then launch. cache: (v, k_cache,
+    v_cache, slot_mapping) to store k and v too, or None."""
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
     apply_norm = _check_norm_weights(q, q_weight, k_weight)
@@ -300,25 +300,9 @@ def _check_qk_norm_rope_args(
         raise ValueError(f"eps must be a positive float, got {eps!r}")
     if heads_per_program < 1 or heads_per_program & (heads_per_program - 1):
         raise ValueError(f"heads_per_program must be a power of two, got {heads_per_program}")
-    return apply_norm
-
-
-def _launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_weight: torch.Tensor | None,
-    k_weight: torch.Tensor | None,
-    cos_sin_cache: torch.Tensor,
-    positions: torch.Tensor,
-    eps: float,
-    apply_norm: bool,
-    cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
-    heads_per_program: int,
-    num_warps: int,
-) -> None:
-    """cache: (v, k_cache, v_cache, slot_mapping) to store k and v too, or None."""
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
+    if cache is not None:
+        check_store_kv_args(k, *cache)
+    num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
     if num_tokens == 0:
         return
     # Pointers the kernel never reads (no norm, no store) are passed as q: valid, and of no consequence.
