@@ -95,8 +95,11 @@ class PagedAttention:
         device: torch.device,
         batch_invariant: bool = False,
         packed_decode_min_seqs: int = PACKED_DECODE_MIN_SEQS,
+        pdl: bool = False,
     ) -> None:
+        """pdl: the decode kernels launch with programmatic dependent launch (fast/kernels/pdl.py)."""
         self.scale = float(head_dim**-0.5)
+        self.pdl = pdl
         # A group wider than the packed tile cannot be packed: such models keep the decode kernel.
         packable = num_heads // num_kv_heads <= INVARIANT_BLOCK_M
         self.packed_decode_min_seqs = packed_decode_min_seqs if packable else max_num_seqs
@@ -132,6 +135,7 @@ class StepAttention:
                 backend.max_model_len,
                 split_size=backend.split_size,
                 workspace=backend.workspace,
+                pdl=backend.pdl,
             )
         packed = invariant or meta.is_decode  # a decode step of many sequences: packed GQA rows
         return prefill_attention(

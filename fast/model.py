@@ -36,6 +36,8 @@ vocabulary columns and one gather assembles the logits. With one rank none of th
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.nn import functional
 
@@ -66,7 +68,7 @@ SMALL_BATCH_ROWS = MAX_GEMV_ROWS
 
 
 def small_batch_dispatch_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, pdl: bool = False
 ) -> torch.Tensor:
     """x @ weight^T (+ bias): small_batch_linear for decode-sized x, torch's linear (cuBLAS) otherwise.
 
@@ -76,7 +78,7 @@ def small_batch_dispatch_linear(
     # The GEMV needs a contiguous weight; the packed weights always are (fast.weights), but a
     # strided one from a caller's state dict still gets a correct product from torch.
     if x.shape[0] <= SMALL_BATCH_ROWS and weight.is_contiguous():
-        return small_batch_linear(x, weight, bias)
+        return small_batch_linear(x, weight, bias, pdl=pdl)
     return functional.linear(x, weight, bias)
 
 
@@ -92,11 +94,13 @@ class FastCausalLM:
         collectives: Collectives | None = None,
         *,
         small_batch_gemv: bool = False,
+        pdl: bool = False,
     ) -> None:
         """small_batch_gemv: projections of steps of <= SMALL_BATCH_ROWS rows through the GEMV kernel
         (fast.model_runner turns it on for CUDA; on the CPU Triton only interprets, so it is off
         there unless a test forces it). Not with batch_invariant: the GEMV's reduction order
-        depends on the row count."""
+        depends on the row count. pdl: the Triton kernels launch with programmatic dependent launch
+        (fast/kernels/pdl.py), each waiting for the one before it; results are the same bits."""
         layout = layout if layout is not None else ShardLayout.single(config)
         if layout.is_sharded != (collectives is not None):
             raise ValueError("a sharded layout needs collectives, and only a sharded one")
@@ -104,12 +108,13 @@ class FastCausalLM:
             raise ValueError("small_batch_gemv is not batch-invariant; it cannot be combined with batch_invariant")
         self.config = config
         self.small_batch_gemv = small_batch_gemv
+        self.pdl = pdl
         # Batch-invariant mode: every projection and the LM head through our fixed-order matmul
         # (a vendor GEMM picks its reduction order from the number of rows).
         if batch_invariant:
             self.linear = invariant_linear
         elif small_batch_gemv:
-            self.linear = small_batch_dispatch_linear
+            self.linear = functools.partial(small_batch_dispatch_linear, pdl=pdl)
         else:
             self.linear = functional.linear
         # The LM head never takes the GEMV: its vocabulary shapes (N=151936 by K=1024 at Qwen3-0.6B,
@@ -148,7 +153,7 @@ class FastCausalLM:
             hidden, residual = self._layer(index, layer, hidden, residual, positions, slots, attention, cache)
         if logit_indices is not None:
             hidden, residual = hidden[logit_indices], residual[logit_indices] if residual is not None else None
-        normed, _ = add_rmsnorm(hidden, residual, self.weights.final_norm, self.eps)
+        normed, _ = add_rmsnorm(hidden, residual, self.weights.final_norm, self.eps, pdl=self.pdl)
         logits = self.head_linear(normed, self.weights.lm_head)
         if self.collectives is not None:
             logits = self.collectives.gather_vocab(logits)
@@ -180,14 +185,15 @@ class FastCausalLM:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:  # first layer: the residual stream starts as the embedding
             residual = hidden
-            normed = rmsnorm(hidden, layer.input_norm, self.eps)
+            normed = rmsnorm(hidden, layer.input_norm, self.eps, pdl=self.pdl)
         else:
-            normed, residual = add_rmsnorm(hidden, residual, layer.input_norm, self.eps)
+            normed, residual = add_rmsnorm(hidden, residual, layer.input_norm, self.eps, pdl=self.pdl)
         attn_out = self._attention(index, layer, normed, positions, slots, attention, cache)
         hidden = self._row_parallel(attn_out, layer.o_proj, layer.o_proj_bias)
-        normed, residual = add_rmsnorm(hidden, residual, layer.post_attention_norm, self.eps)
+        normed, residual = add_rmsnorm(hidden, residual, layer.post_attention_norm, self.eps, pdl=self.pdl)
         gate_up = self.linear(normed, layer.gate_up, layer.gate_up_bias)
-        return self._row_parallel(silu_and_mul(gate_up), layer.down, layer.down_bias), residual
+        activated = silu_and_mul(gate_up, pdl=self.pdl)
+        return self._row_parallel(activated, layer.down, layer.down_bias), residual
 
     def _attention(
         self,
@@ -208,7 +214,8 @@ class FastCausalLM:
         v = qkv[:, q_width + kv_width :].view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = cache.layer(index)
         qk_norm_rope_store_kv_(
-            q, k, v, layer.q_norm, layer.k_norm, self.cos_sin, positions, self.eps, k_cache, v_cache, slots
-        )
+            q, k, v, layer.q_norm, layer.k_norm, self.cos_sin, positions, self.eps, k_cache, v_cache, slots,
+            pdl=self.pdl,
+        )  # fmt: skip
         out = attention.attend(q, k_cache, v_cache)
         return out.view(num_tokens, q_width)

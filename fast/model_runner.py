@@ -27,6 +27,7 @@ import triton
 from fast.attention import PagedAttention, StepMetadata
 from fast.cuda_graphs import DecodeGraphs
 from fast.input_batch import InputBatch, SequenceInput, StepShape
+from fast.kernels.pdl import check_pdl_device
 from fast.kv_cache import KVCache
 from fast.model import SMALL_BATCH_ROWS, FastCausalLM
 from fast.parallel import Collectives, ProcessGroups, StepChannel, StepCommand, StepHeader, TensorParallelError
@@ -82,6 +83,9 @@ class ModelRunner:
             self.layout = ShardLayout.for_rank(model_config, groups.rank, groups.world_size)
             self.collectives = Collectives(groups, dtype, model_config.vocab_size, allow_one_shot)
         settings = engine_config.resolved(model_config)  # its pool size is provisional until measured
+        pdl = settings.programmatic_dependent_launch
+        if pdl:
+            check_pdl_device(device)  # ConfigError on a device without it, before anything is built
         self.block_size = settings.block_size
         self.max_blocks_per_seq = triton.cdiv(settings.model_len, settings.block_size)
         # Every sequence in a step brings at least one token, and at most max_num_seqs run.
@@ -95,6 +99,7 @@ class ModelRunner:
             self.layout,
             self.collectives,
             small_batch_gemv=small_batch_gemv_enabled(device, settings.batch_invariant),
+            pdl=pdl,
         )
         self.attention = PagedAttention(
             self.layout.num_heads,
@@ -104,6 +109,7 @@ class ModelRunner:
             settings.model_len,
             device,
             settings.batch_invariant,
+            pdl=pdl,
         )
         self.config = engine_config.resolved(model_config, self._pool_blocks(engine_config, settings))
         self.cache = self._make_cache(self.config.pool_blocks)

@@ -43,6 +43,10 @@ class EngineConfig:
         between steps, of a request in the plan made ahead (fast.scheduler.Scheduler.drop_from_plan)
         and a request added while a step is launched ahead (it joins the step after that one).
         The reference engine ignores it.
+    programmatic_dependent_launch: the fast engine's Triton kernels start while the one before ends (sm90+).
+        CUDA, compute capability 9.0 or newer (else a ConfigError at start); each kernel waits for
+        its predecessor's results before touching memory, so outputs are the same bits. The
+        reference engine ignores it.
     """
 
     block_size: int = 16
@@ -57,6 +61,7 @@ class EngineConfig:
     batch_invariant: bool = False
     tensor_parallel_size: int = 1
     async_scheduling: bool = False
+    programmatic_dependent_launch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
@@ -70,6 +75,7 @@ class EngineConfig:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
         switches = (
             "enable_prefix_caching", "check_invariants", "enable_cuda_graphs", "batch_invariant", "async_scheduling",
+            "programmatic_dependent_launch",
         )  # fmt: skip
         for name in switches:
             if not isinstance(getattr(self, name), bool):

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from fast.engine import FastEngine
 from reports.differential import hf_greedy_trace, trace_from_output
 from reports.tiny_model import TinyModelShape, write_tiny_model
 from spec.agreement import Trace, compare_traces
 from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig
+from spec.errors import ConfigError
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
 from tests.engines import build_engine, record_plans
@@ -219,3 +221,10 @@ def test_sampler_rows_set_the_same_columns_as_the_params() -> None:
     assert sampler._uses_top_p and sampler._uses_min_p
     with pytest.raises(ValueError, match="positions"):
         sampler.set_sampler_rows([sampler.row(SamplingParams(), 0)], [0, 1])
+
+
+def test_programmatic_dependent_launch_is_refused_on_the_cpu(tiny_weights) -> None:
+    config, state_dict = tiny_weights
+    settings = EngineConfig(block_size=4, programmatic_dependent_launch=True)
+    with pytest.raises(ConfigError, match="programmatic dependent launch needs a CUDA device, not cpu"):
+        FastEngine(config, state_dict, settings, torch.float32, "cpu")

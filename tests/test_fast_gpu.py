@@ -121,6 +121,21 @@ def test_async_scheduling_gives_the_step_by_step_outputs_bit_for_bit(fp32_weight
     assert ahead.step_timings.launched_ahead_steps > 32
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_programmatic_dependent_launch_gives_the_same_bits(fp32_weights, dtype: torch.dtype) -> None:
+    """EngineConfig.programmatic_dependent_launch: the same kernels, each waiting for the one before it
+    before it touches memory, so the same tokens and logprobs bit for bit: decode steps from CUDA graphs
+    (batches that need padding rows), eager mixed steps with chunked prefill, and async scheduling."""
+    config, state_dict = fp32_weights
+    weights = (config, {name: tensor.to(dtype) for name, tensor in state_dict.items()})
+    prompts = prompts_of([1, 16, 17, 100, 300], seed=12)
+    for settings in ({}, {"max_num_batched_tokens": 64}, {"async_scheduling": True}):
+        with_pdl = engine("fast", weights, dtype, programmatic_dependent_launch=True, **settings)
+        without = engine("fast", weights, dtype, **settings)
+        ours, theirs = with_pdl.generate(prompts, GREEDY_32), without.generate(prompts, GREEDY_32)
+        assert [(o.token_ids, o.logprobs) for o in ours] == [(t.token_ids, t.logprobs) for t in theirs], settings
+
+
 def test_stale_padding_rows_do_not_leak(fp32_weights) -> None:
     """Replay a batch of 8, then a batch of 3 in a larger captured size: the 3 equal a fresh run."""
     used = engine("fast", fp32_weights)

@@ -104,6 +104,7 @@ def test_rope_scaling_rejects_nonpositive_factor() -> None:
         ({"max_num_seqs": -1}, "'max_num_seqs' must be a positive integer"),
         ({"max_num_batched_tokens": 1.5}, "'max_num_batched_tokens' must be a positive integer"),
         ({"max_model_len": 1}, "max_model_len must be an integer >= 2"),
+        ({"programmatic_dependent_launch": 1}, "'programmatic_dependent_launch' must be a bool"),
     ],
 )
 def test_bad_engine_config_is_named(settings: dict[str, object], message: str) -> None:

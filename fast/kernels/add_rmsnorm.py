@@ -27,6 +27,7 @@ from fast.kernels._checks import (
     check_shape,
     check_tensor,
 )
+from fast.kernels.pdl import wait_then_release
 
 # A row of up to this many elements is held in registers by one program.
 MAX_HIDDEN = 65536
@@ -47,7 +48,9 @@ def _add_rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_HIDDEN: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_HIDDEN)  # hidden=4096 -> BLOCK_HIDDEN=4096; hidden=3000 -> 4096, masked
     mask = cols < hidden
@@ -81,6 +84,7 @@ def add_rmsnorm(
     *,
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Return (rmsnorm(x + residual) * weight, x + residual); with residual=None, (rmsnorm(x) * weight, None).
 
@@ -145,12 +149,16 @@ def add_rmsnorm(
         eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK_HIDDEN=block_hidden,
+        USE_PDL=pdl,
+        launch_pdl=pdl,
         num_warps=_num_warps_for(block_hidden),
     )
     return out, residual_out
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None, pdl: bool = False
+) -> torch.Tensor:
     """Plain RMSNorm (no residual): rmsnorm(x) * weight."""
-    normed, _ = add_rmsnorm(x, None, weight, eps, out=out)
+    normed, _ = add_rmsnorm(x, None, weight, eps, out=out, pdl=pdl)
     return normed

@@ -38,6 +38,7 @@ from fast.kernels._checks import (
     check_tensor,
     output_like,
 )
+from fast.kernels.pdl import wait_then_release
 
 _LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); the kernels use exp2
 # Splits the reduction reads per iteration: a [16, head_dim] fp32 tile stays in registers however
@@ -67,7 +68,9 @@ def _decode_split_kernel(
     BLOCK_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -150,7 +153,9 @@ def _decode_reduce_kernel(
     split_size,
     HEAD_DIM: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     seq = tl.program_id(0)
     q_head = tl.program_id(1)
     # Only the sequence's own splits were written: seq_len=1300, split_size=512 -> splits 0..2.
@@ -224,6 +229,7 @@ def decode_attention(
     num_stages: int | None = None,
     out: torch.Tensor | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its paged cache; returns [num_seqs, num_q_heads, head_dim].
 
@@ -289,6 +295,8 @@ def decode_attention(
         BLOCK_N=block_n,
         # fp32 inputs: full-precision dot (Triton's default would be tf32 on GPUs).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        USE_PDL=pdl,
+        launch_pdl=pdl,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -304,6 +312,8 @@ def decode_attention(
         split_size,
         HEAD_DIM=head_dim,
         BLOCK_SPLITS=_REDUCE_BLOCK_SPLITS,
+        USE_PDL=pdl,
+        launch_pdl=pdl,
         num_warps=4,
     )
     return out

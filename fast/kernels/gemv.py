@@ -68,6 +68,7 @@ from fast.kernels._checks import (
     check_shape,
     check_tensor,
 )
+from fast.kernels.pdl import wait_then_release
 
 MAX_GEMV_ROWS = 16
 
@@ -91,7 +92,9 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # weight rows = output columns
     rows = tl.arange(0, BLOCK_M)  # rows of x (M <= BLOCK_M: one tile)
     depth = tl.arange(0, BLOCK_K)
@@ -218,13 +221,15 @@ def small_batch_linear(
     num_warps: int | None = None,
     num_stages: int | None = None,
     use_dot: bool | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, for M <= MAX_GEMV_ROWS.
 
     The keyword-only tile arguments override gemv_config's defaults (benchmarks and tests).
     """
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
-    return _launch(x, x.shape[1], weight, bias, out, False, block_n, block_k, num_warps, num_stages, use_dot)
+    tiles = (block_n, block_k, num_warps, num_stages, use_dot)
+    return _launch(x, x.shape[1], weight, bias, out, False, tiles, pdl)
 
 
 def silu_mul_linear(
@@ -238,6 +243,7 @@ def silu_mul_linear(
     num_warps: int | None = None,
     num_stages: int | None = None,
     use_dot: bool | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """(silu(gate_up[:, :I]) * gate_up[:, I:]) @ weight [N, I]^T (+ bias) -> [M, N], M <= MAX_GEMV_ROWS.
 
@@ -247,7 +253,8 @@ def silu_mul_linear(
     if gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must have an even last dimension (gate and up halves), got {gate_up.shape[1]}")
     depth = gate_up.shape[1] // 2
-    return _launch(gate_up, depth, weight, bias, out, True, block_n, block_k, num_warps, num_stages, use_dot)
+    tiles = (block_n, block_k, num_warps, num_stages, use_dot)
+    return _launch(gate_up, depth, weight, bias, out, True, tiles, pdl)
 
 
 def _launch(
@@ -257,12 +264,11 @@ def _launch(
     bias: torch.Tensor | None,
     out: torch.Tensor | None,
     silu_mul: bool,
-    block_n: int | None,
-    block_k: int | None,
-    num_warps: int | None,
-    num_stages: int | None,
-    use_dot: bool | None,
+    tiles: tuple[int | None, int | None, int | None, int | None, bool | None],
+    pdl: bool,
 ) -> torch.Tensor:
+    """tiles: (block_n, block_k, num_warps, num_stages, use_dot) overrides, None for the default."""
+    block_n, block_k, num_warps, num_stages, use_dot = tiles
     name = "gate_up" if silu_mul else "x"
     rows = x.shape[0]
     if rows > MAX_GEMV_ROWS:
@@ -329,6 +335,8 @@ def _launch(
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        USE_PDL=pdl,
+        launch_pdl=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

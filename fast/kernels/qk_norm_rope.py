@@ -34,6 +34,7 @@ from fast.kernels._checks import (
     check_tensor,
 )
 from fast.kernels.kv_store import check_store_kv_args
+from fast.kernels.pdl import wait_then_release
 
 
 @triton.jit
@@ -151,7 +152,9 @@ def _qk_norm_rope_kernel(
     HEADS_PER_PROGRAM: tl.constexpr,
     APPLY_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     # Grid (num_tokens, num_q_programs + num_kv_programs): 32 q heads, 8 kv heads, 8 heads per
     # program -> head blocks 0..3 are q heads 0-7, 8-15, 16-23, 24-31 and block 4 is k heads 0-7.
     # Equal-sized programs keep the SMs evenly loaded; q and k share one launch. With STORE_KV the
@@ -229,6 +232,7 @@ def qk_norm_rope_(
     *,
     heads_per_program: int = 8,
     num_warps: int = 2,
+    pdl: bool = False,
 ) -> None:
     """Apply per-head RMSNorm then rotate-half RoPE to q and k, in place (trailing underscore).
 
@@ -239,7 +243,7 @@ def qk_norm_rope_(
     Positions are not range-checked against cos_sin_cache (that would need a device sync):
     the caller guarantees 0 <= position < max_positions.
     """
-    _norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, None, heads_per_program, num_warps)
+    _norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, None, (heads_per_program, num_warps, pdl))
 
 
 def qk_norm_rope_store_kv_(
@@ -257,12 +261,13 @@ def qk_norm_rope_store_kv_(
     *,
     heads_per_program: int = 8,
     num_warps: int = 2,
+    pdl: bool = False,
 ) -> None:
     """`qk_norm_rope_`, then `store_kv(k, v, k_cache, v_cache, slot_mapping)`, in one kernel: the same
     values in q, k and the caches (the cached k is the k stored back, rounded once). Arguments as those
     two functions take them; padding tokens (slot < 0) are rotated but not stored."""
     cache = (v, k_cache, v_cache, slot_mapping)
-    _norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, cache, heads_per_program, num_warps)
+    _norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, cache, (heads_per_program, num_warps, pdl))
 
 
 def _norm_rope(
@@ -274,11 +279,11 @@ def _norm_rope(
     positions: torch.Tensor,
     eps: float,
     cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
-    heads_per_program: int,
-    num_warps: int,
+    launch: tuple[int, int, bool],
 ) -> None:
     """Check the arguments (TypeError/ValueError naming a bad one), then launch. cache: (v, k_cache,
-    v_cache, slot_mapping) to store k and v too, or None."""
+    v_cache, slot_mapping) to store k and v too, or None; launch: (heads_per_program, num_warps, pdl)."""
+    heads_per_program, num_warps, pdl = launch
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
     apply_norm = _check_norm_weights(q, q_weight, k_weight)
@@ -336,6 +341,8 @@ def _norm_rope(
         HEADS_PER_PROGRAM=heads_per_program,
         APPLY_NORM=apply_norm,
         STORE_KV=cache is not None,
+        USE_PDL=pdl,
+        launch_pdl=pdl,
         num_warps=num_warps,
     )
 

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from fast.kernels._checks import FLOAT_DTYPES, check_last_dim_contiguous, check_same_device, check_shape, check_tensor
+from fast.kernels.pdl import wait_then_release
 
 # Elements of one row handled by one program (a 2-D grid covers wide rows).
 _BLOCK_COLS = 1024
@@ -25,7 +26,9 @@ def _silu_and_mul_kernel(
     out_row_stride,
     intermediate,
     BLOCK_COLS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     # Program (row, column block): intermediate=14336, BLOCK_COLS=1024 -> 14 column blocks;
     # block 3 covers columns 3072..4095 of gate (x[row, 3072:4096]) and of up (x[row, 14336+3072:...]).
     row = tl.program_id(0).to(tl.int64)
@@ -37,7 +40,7 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + row * out_row_stride + cols, activated.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """Return silu(x[:, :I]) * x[:, I:] as a new [num_tokens, I] tensor (or into `out`)."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     num_tokens, width = x.shape
@@ -55,5 +58,8 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
         return out
     block_cols = min(_BLOCK_COLS, triton.next_power_of_2(intermediate))
     grid = (num_tokens, triton.cdiv(intermediate, block_cols))
-    _silu_and_mul_kernel[grid](x, out, x.stride(0), out.stride(0), intermediate, BLOCK_COLS=block_cols, num_warps=4)
+    _silu_and_mul_kernel[grid](
+        x, out, x.stride(0), out.stride(0), intermediate, BLOCK_COLS=block_cols, USE_PDL=pdl, launch_pdl=pdl,
+        num_warps=4,
+    )  # fmt: skip
     return out
