@@ -204,18 +204,19 @@ def run_engine(
     device: torch.device,
     phases: list[tuple[Phase, int]],
     profile: bool = False,
-    async_scheduling: bool = False,
+    base: EngineConfig | None = None,
 ) -> dict[str, object]:
     """Each (phase, runs) on one fast engine of `ranks` ranks, after a warm-up request. One engine
     serves every phase: a process sets up the one-shot all-reduce for its first tensor-parallel
     engine only (fast.parallel), so a second 2-rank engine here would measure NCCL alone.
     profile: one more, untimed run of each phase under torch.profiler, in rank 0's process (its
-    GPU's kernels, the time its all-reduce kernels wait for the other rank included)."""
+    GPU's kernels, the time its all-reduce kernels wait for the other rank included).
+    base: the engine settings besides the batch limit and the rank count (async scheduling, PDL)."""
     from fast.engine import FastEngine
     from reports.bench import phase_metrics, run_record
 
     max_seqs = max(EngineConfig().max_num_seqs, *(len(phase.requests) for phase, _ in phases))
-    engine_config = EngineConfig(max_num_seqs=max_seqs, tensor_parallel_size=ranks, async_scheduling=async_scheduling)
+    engine_config = dataclasses.replace(base or EngineConfig(), max_num_seqs=max_seqs, tensor_parallel_size=ranks)
     result: dict[str, object] = {"ranks": ranks}
     with FastEngine.from_pretrained(checkpoint, engine_config, dtype, device) as engine:
         result["engine_config"] = dataclasses.asdict(engine.config)
@@ -245,6 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "workloads": {"decode-bs1": decode.record(), "offline-256": offline.record()},
         "decode_bs1_repeats": args.repeats,
         "async_scheduling": args.async_scheduling,
+        "programmatic_dependent_launch": args.programmatic_dependent_launch,
     }
     if device.type == "cuda" and torch.cuda.device_count() >= 2:
         record["all_reduce"] = measure_all_reduce(shape, dtype)
@@ -255,7 +257,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     record["engines"] = engines
     for ranks in args.ranks:
         phases = [(phase, args.repeats) for phase in decode.phases] + [(phase, 1) for phase in offline.phases]
-        engines[str(ranks)] = run_engine(checkpoint, ranks, dtype, device, phases, args.profile, args.async_scheduling)
+        base = EngineConfig(
+            async_scheduling=args.async_scheduling, programmatic_dependent_launch=args.programmatic_dependent_launch
+        )
+        engines[str(ranks)] = run_engine(checkpoint, ranks, dtype, device, phases, args.profile, base)
         _save(record, args.json)
     record["summary"] = summary(engines)
     _save(record, args.json)
@@ -305,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="where random checkpoints are kept")
     parser.add_argument(
         "--async-scheduling", action="store_true", help="every engine schedules, loads and launches each step ahead"
+    )
+    parser.add_argument(
+        "--programmatic-dependent-launch",
+        action="store_true",
+        help="every engine's Triton kernels launch with programmatic dependent launch (sm90+)",
     )
     parser.add_argument(
         "--profile",

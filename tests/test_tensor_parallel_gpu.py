@@ -7,8 +7,8 @@ their all-reduces inside. Marker `gpu`; skipped unless at least 2 GPUs are visib
   1e-3) and reported. The weights come from a safetensors checkpoint (each rank reads its slices),
   and once from a state dict in GPU memory (handed to rank 1 through CUDA IPC): the same outputs.
 * fp32: CUDA graphs on against off, 2 ranks, batch sizes that need padding: identical.
-* fp32: async scheduling on 2 ranks (steps launched ahead, sampled tokens shared on the GPUs) against
-  step by step: identical.
+* fp32: async scheduling and programmatic dependent launch on 2 ranks (steps launched ahead, sampled
+  tokens shared on the GPUs) against step by step without PDL: identical.
 * fp32: the one-shot path against NCCL (in a fresh process, whose first engine sets up the one-shot
   path and whose second runs on NCCL alone): identical outputs, since 2 ranks sum a + b either way.
 * bf16, qwen3-8b shape: 2 ranks against the reference by the spec's near-tie rule.
@@ -120,15 +120,16 @@ def test_fp32_two_ranks_against_the_reference(small_checkpoint: Path, small_weig
 
 
 def test_fp32_async_scheduling_with_two_ranks_identical_to_step_by_step(small_checkpoint: Path) -> None:
-    """Async scheduling on 2 ranks, CUDA graphs on: without logprobs each step is launched before the last
-    one's tokens are read (rank 1 fills its pending rows from the tokens rank 0 shares through NCCL), with
-    logprobs it is launched after; both give the step-by-step engine's tokens and logprobs."""
+    """Async scheduling on 2 ranks, CUDA graphs on, with programmatic dependent launch: without logprobs
+    each step is launched before the last one's tokens are read (rank 1 fills its pending rows from the
+    tokens rank 0 shares through NCCL), with logprobs it is launched after; both give the tokens and
+    logprobs of the step-by-step engine without PDL."""
     no_logprobs = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     seeded = SamplingParams(temperature=0.8, max_tokens=32, ignore_eos=True, seed=5)
     cases = (GREEDY_32, no_logprobs, seeded)
     with two_ranks(small_checkpoint, torch.float32) as step_by_step:
         expected = [step_by_step.generate(CASE_PROMPTS, params) for params in cases]
-    with two_ranks(small_checkpoint, torch.float32, async_scheduling=True) as ahead:
+    with two_ranks(small_checkpoint, torch.float32, async_scheduling=True, programmatic_dependent_launch=True) as ahead:
         outputs = [ahead.generate(CASE_PROMPTS, params) for params in cases]
         timings = ahead.step_timings
     for params, ours, theirs in zip(cases, outputs, expected, strict=True):

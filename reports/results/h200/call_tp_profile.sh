@@ -4,7 +4,8 @@
 # 0. the GPUs' interconnect (nvidia-smi topo -m, nvlink status): NVLink or PCIe decides the all-reduce times.
 # 1. tp_bench --profile: all-reduce microbenchmark (rows 1, 64, 256), the 2-rank engine then the 1-rank engine
 #    (qwen3-8b, bf16), each phase also once under torch.profiler in rank 0's process.
-# 1b. the same with --async-scheduling on both engines (each step launched before the last one's tokens are read).
+# 1b. the same with --async-scheduling (each step launched before the last one's tokens are read) and
+#     --programmatic-dependent-launch on both engines: the settings of the best one-GPU figures (bench/pdl/).
 # PART=figures runs 0-1b; PART=tests runs 2 (the two do not fit in one call's ten minutes).
 # 2. each GPU test of tests/test_tensor_parallel_gpu.py in its own pytest process, with faulthandler: a run that
 #    outlives its limit gets SIGABRT and prints every thread's Python stack (an earlier call's pytest passed its
@@ -16,7 +17,8 @@ nvidia-smi nvlink -s >> "$R/topology.txt" 2>&1
 export TWINFER_RESULTS_DIR=$R
 if [[ ${PART:-figures} == figures ]]; then
     run tp_bench 240 python -m reports.tp_bench --ranks 2,1 --profile --json "$R/tp_bench.json"
-    run tp_bench_async 200 python -m reports.tp_bench --ranks 2,1 --async-scheduling --json "$R/tp_bench_async.json"
+    run tp_bench_async 200 python -m reports.tp_bench --ranks 2,1 --async-scheduling --programmatic-dependent-launch \
+        --json "$R/tp_bench_async.json"
 fi
 [[ ${PART:-figures} == tests ]] && for test in test_fp32_two_ranks_against_the_reference test_fp32_cuda_graphs_on_and_off_identical_with_two_ranks \
     test_fp32_async_scheduling_with_two_ranks_identical_to_step_by_step test_one_shot_all_reduce_equals_nccl_in_fp32 test_a_worker_killed_mid_generation_makes_rank_0_raise \
