@@ -305,6 +305,27 @@ def test_a_killed_worker_makes_rank_0_raise_and_nothing_is_left(tiny_weights) ->
     fast.shutdown()  # idempotent after a failure
 
 
+def test_a_worker_killed_while_a_step_is_launched_ahead_makes_rank_0_raise(tiny_weights) -> None:
+    """Async scheduling: rank 1 dies while rank 0 has a step launched ahead (its words sent, its sampled
+    tokens still to share): the next step raises the clear error within the bound, and nothing is left."""
+    config, state_dict = tiny_weights
+    settings = EngineConfig(block_size=BLOCK_SIZE, num_blocks=16, async_scheduling=True)
+    fast = FastEngine(config, state_dict, settings, torch.float32, "cpu", 2)
+    pids = _worker_pids(fast)
+    fast.add_request(MIXED_PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    fast.step()
+    fast.step()
+    assert fast._in_flight is not None, "no step was launched ahead"
+    os.kill(pids[0], signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
+        while fast.has_unfinished:
+            fast.step()
+    assert time.monotonic() - started < 30
+    _assert_gone(pids)
+    fast.shutdown()
+
+
 class ExplodingStateDict(dict):
     """A state dict that works in the process that built it and raises in any other (a worker)."""
 
