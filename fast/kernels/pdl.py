@@ -39,5 +39,5 @@ def check_pdl_device(device: torch.device) -> None:
         raise ConfigError(
             f"programmatic dependent launch needs compute capability 9.0 or newer; {device} has {major}.{minor}"
         )
-    if not hasattr(tl.extra.cuda, "gdc_wait"):
+    if getattr(getattr(tl.extra, "cuda", None), "gdc_wait", None) is None:
         raise ConfigError(f"programmatic dependent launch needs a Triton with gdc_wait (this is {triton.__version__})")
