@@ -29,7 +29,7 @@ be packed while the device still has the last copy queued.
 Under tensor parallelism rank 0 packs and uploads as above, then sends the same packed words
 (`host`, `packed_words`) to the other ranks, which upload them with `load_received`: packing
 happens once, and every rank's device buffers hold the same step. A step loaded ahead carries its
-pending tokens' (token row, source row) pairs after the packed words (`append_pending_words`); the
+pending tokens' (token row, source row) pairs after the packed words (`words_to_send`); the
 other ranks fill those rows from the sampled tokens rank 0 shared with them on the device
 (`apply_received_pending`), so no rank waits for the host to learn a token before its next step.
 """
@@ -141,14 +141,14 @@ class InputBatch:
         """Token rows of the step loaded last that set_pending_tokens fills in on the device."""
         return self._num_pending
 
-    def append_pending_words(self) -> int:
+    def words_to_send(self) -> int:
         """Rank 0, before sending the loaded step: its pending (token row, source row) pairs into `host`
-        after the packed section (P token rows, then P source rows); the number of words appended."""
+        after the packed section (P token rows, then P source rows); the words of `host` to send."""
         count = self._num_pending
         if count:
             pairs = self._pending_host.numpy()[: 2 * count]
             self._host_view[self._packed_words : self._packed_words + 2 * count] = pairs
-        return 2 * count
+        return self._packed_words + 2 * count
 
     def apply_received_pending(self, num_pending: int, source: torch.Tensor) -> None:
         """The other ranks, after `load_received`: fill the pending rows received after the packed

@@ -123,8 +123,10 @@ class ModelRunner:
         )
         self.channel = StepChannel(groups) if groups is not None else None
         # Ranks > 0: the sampled tokens rank 0 shares after a step (async scheduling), which the
-        # pending rows of the step after it are filled from.
-        self._shared_tokens = torch.zeros(self.max_step_seqs, dtype=torch.int64, device=device)
+        # pending rows of the step after it are filled from. None without tensor parallelism.
+        self._shared_tokens: torch.Tensor | None = None
+        if groups is not None:
+            self._shared_tokens = torch.zeros(self.max_step_seqs, dtype=torch.int64, device=device)
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda" and self.config.enable_cuda_graphs:
             self.graphs = DecodeGraphs(self.max_step_seqs)
@@ -189,15 +191,13 @@ class ModelRunner:
     def _send_step(self, shape: StepShape, graph_size: int, num_shared: int) -> None:
         """Rank 0: the step's packed inputs (and its pending rows) to the other ranks, before its own forward."""
         inputs = self.inputs
-        width = inputs.table_width
-        words = InputBatch.packed_words(shape.num_tokens, shape.num_logit_rows, shape.num_seqs, width)
-        words += inputs.append_pending_words()
+        words = inputs.words_to_send()
         header = StepHeader(
             StepCommand.STEP,
             shape.num_tokens,
             shape.num_logit_rows,
             shape.num_seqs,
-            width,
+            inputs.table_width,
             shape.max_query_len,
             graph_size,
             words,
