@@ -8,9 +8,21 @@ On a machine without a GPU the kernels then run through Triton's CPU interpreter
 from __future__ import annotations
 
 import os
+import platform
 
-import pytest
-import torch
+# Triton's interpreter computes tl.dot with numpy's matmul, that is OpenBLAS. The sgemm kernel
+# OpenBLAS picks on AMD Zen CPUs (its "Haswell" kernel) rounds rows 6-11 of every 12-row block
+# differently from the others, so a row's result depends on where it sits in a tile: the CPU checks
+# that the fast engine is batch-invariant (bit for bit, as it is on the GPU) then fail on those
+# machines only, and on any machine whose environment names that kernel (this project's machines
+# have set OPENBLAS_CORETYPE=Haswell). The Sandybridge kernel (AVX, present on every x86-64 CPU that
+# runs torch) has no such dependence. It must be chosen before numpy loads OpenBLAS, hence here,
+# before torch, and it overrides the environment's choice.
+if platform.machine() in ("x86_64", "AMD64"):
+    os.environ["OPENBLAS_CORETYPE"] = "Sandybridge"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
