@@ -29,14 +29,17 @@ sync and is fixed inside a captured CUDA graph (each graph has one static batch 
 Under tensor parallelism (fast.weights.ShardLayout, fast.parallel.Collectives) each rank runs the
 same pass over its shard: its heads in qkv and attention, its intermediate rows in gate_up; the
 row-parallel o_proj and down products are summed by one all-reduce each, their bias added once
-after it; the embedding is a masked lookup of the rank's vocabulary rows summed by an all-reduce
-(exactly one rank contributes each token's row, the others zeros); the LM head gives the rank's
-vocabulary columns and one gather assembles the logits. With one rank none of this runs.
+after it. Each rank's term travels as a RankTerm to the add + RMSNorm that consumes it, which
+fast.parallel.Collectives.all_reduce_add_rmsnorm may run in one kernel with the all-reduce. The
+embedding is a masked lookup of the rank's vocabulary rows summed by an all-reduce (exactly one
+rank contributes each token's row, the others zeros); the LM head gives the rank's vocabulary
+columns and one gather assembles the logits. With one rank none of this runs.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 from torch.nn import functional
@@ -48,7 +51,7 @@ from fast.kernels.matmul import invariant_linear
 from fast.kernels.qk_norm_rope import qk_norm_rope_store_kv_
 from fast.kernels.silu_and_mul import silu_and_mul
 from fast.kv_cache import KVCache
-from fast.parallel import Collectives
+from fast.parallel import ATTENTION_REGION, MLP_REGION, Collectives
 from fast.weights import LayerWeights, ModelWeights, ShardLayout
 from spec.model_config import ModelConfig
 from spec.rope import cos_sin_cache
@@ -80,6 +83,13 @@ def small_batch_dispatch_linear(
     if x.shape[0] <= SMALL_BATCH_ROWS and weight.is_contiguous():
         return small_batch_linear(x, weight, bias, pdl=pdl)
     return functional.linear(x, weight, bias)
+
+
+class RankTerm(NamedTuple):
+    """This rank's term of a row-parallel product (o_proj, down) and the bias to add once to the sum."""
+
+    term: torch.Tensor
+    bias: torch.Tensor | None
 
 
 class FastCausalLM:
@@ -128,9 +138,6 @@ class FastCausalLM:
         self.head_dim = config.head_dim
         self.layout = layout
         self.collectives = collectives
-        # o_proj and down: a plain linear for one rank (nothing added to its per-layer cost); the
-        # sharded path calls the same self.linear, so a rank's partial product takes the GEMV too.
-        self._row_parallel = self.linear if collectives is None else self._sharded_row_parallel
         # fp32 [max_positions, head_dim]: cos | sin halves, RoPE scaling and attention factor applied.
         self.cos_sin = cos_sin_cache(config, max_positions).to(device)
 
@@ -147,12 +154,19 @@ class FastCausalLM:
 
         token_ids, positions, slots: int64 [T]; slots < 0 are padding rows (nothing stored).
         """
-        hidden = self._embed(token_ids)
-        residual: torch.Tensor | None = None
+        residual = self._embed(token_ids)  # the residual stream starts as the embedding
+        # Each layer's MLP output joins the residual stream in the next layer's input norm, the last
+        # one's below. ModelConfig guarantees at least one layer.
+        mlp_out: torch.Tensor | RankTerm | None = None
         for index, layer in enumerate(self.weights.layers):
-            hidden, residual = self._layer(index, layer, hidden, residual, positions, slots, attention, cache)
+            if mlp_out is None:
+                normed = rmsnorm(residual, layer.input_norm, self.eps, pdl=self.pdl)
+            else:
+                normed, residual = self._add_norm(mlp_out, residual, layer.input_norm, MLP_REGION)
+            mlp_out, residual = self._layer(index, layer, normed, residual, positions, slots, attention, cache)
+        hidden = self._summed(mlp_out)
         if logit_indices is not None:
-            hidden, residual = hidden[logit_indices], residual[logit_indices] if residual is not None else None
+            hidden, residual = hidden[logit_indices], residual[logit_indices]
         normed, _ = add_rmsnorm(hidden, residual, self.weights.final_norm, self.eps, pdl=self.pdl)
         logits = self.head_linear(normed, self.weights.lm_head)
         if self.collectives is not None:
@@ -167,30 +181,48 @@ class FastCausalLM:
         rows = functional.embedding(local.masked_fill(outside, 0), self.weights.embed_tokens)
         return self.collectives.all_reduce(rows.masked_fill_(outside.unsqueeze(1), 0))
 
-    def _sharded_row_parallel(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x @ weight^T (+ bias), weight's input columns split across ranks: partial sums all-reduced."""
-        out = self.collectives.all_reduce(self.linear(x, weight))
-        return out if bias is None else out + bias
+    def _row_parallel(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor | RankTerm:
+        """x @ weight^T (+ bias) with one rank; under tensor parallelism (weight's input columns split
+        across ranks) this rank's term, summed where it is consumed (_add_norm, _summed)."""
+        if self.collectives is None:
+            return self.linear(x, weight, bias)
+        return RankTerm(self.linear(x, weight), bias)
+
+    def _add_norm(
+        self, hidden: torch.Tensor | RankTerm, residual: torch.Tensor, weight: torch.Tensor, region: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rmsnorm(hidden + residual) * weight, hidden + residual); a rank's term is all-reduced first,
+        in one kernel with the norm where fast.parallel's fused path is on."""
+        if isinstance(hidden, RankTerm):
+            return self.collectives.all_reduce_add_rmsnorm(
+                hidden.term, hidden.bias, residual, weight, self.eps, region=region, pdl=self.pdl
+            )
+        return add_rmsnorm(hidden, residual, weight, self.eps, pdl=self.pdl)
+
+    def _summed(self, hidden: torch.Tensor | RankTerm) -> torch.Tensor:
+        if not isinstance(hidden, RankTerm):
+            return hidden
+        out = self.collectives.all_reduce(hidden.term)
+        return out if hidden.bias is None else out + hidden.bias
 
     def _layer(
         self,
         index: int,
         layer: LayerWeights,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
+        normed: torch.Tensor,
+        residual: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
         attention: StepAttention,
         cache: KVCache,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:  # first layer: the residual stream starts as the embedding
-            residual = hidden
-            normed = rmsnorm(hidden, layer.input_norm, self.eps, pdl=self.pdl)
-        else:
-            normed, residual = add_rmsnorm(hidden, residual, layer.input_norm, self.eps, pdl=self.pdl)
+    ) -> tuple[torch.Tensor | RankTerm, torch.Tensor]:
+        """normed: the layer's input, normalised. Returns the MLP's output (not yet added to the
+        residual stream) and the residual stream after the attention block."""
         attn_out = self._attention(index, layer, normed, positions, slots, attention, cache)
         hidden = self._row_parallel(attn_out, layer.o_proj, layer.o_proj_bias)
-        normed, residual = add_rmsnorm(hidden, residual, layer.post_attention_norm, self.eps, pdl=self.pdl)
+        normed, residual = self._add_norm(hidden, residual, layer.post_attention_norm, ATTENTION_REGION)
         gate_up = self.linear(normed, layer.gate_up, layer.gate_up_bias)
         activated = silu_and_mul(gate_up, pdl=self.pdl)
         return self._row_parallel(activated, layer.down, layer.down_bias), residual

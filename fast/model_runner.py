@@ -81,7 +81,9 @@ class ModelRunner:
             self.layout, self.collectives = ShardLayout.single(model_config), None
         else:
             self.layout = ShardLayout.for_rank(model_config, groups.rank, groups.world_size)
-            self.collectives = Collectives(groups, dtype, model_config.vocab_size, allow_one_shot)
+            self.collectives = Collectives(
+                groups, dtype, model_config.vocab_size, allow_one_shot, engine_config.fused_all_reduce_norm
+            )
         settings = engine_config.resolved(model_config)  # its pool size is provisional until measured
         pdl = settings.programmatic_dependent_launch
         if pdl:

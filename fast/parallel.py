@@ -17,6 +17,14 @@ no NVLink multicast), when every rank can set it up and a probe sums correctly; 
 and everything where symmetric memory is unavailable, goes through NCCL; on the CPU through gloo.
 Which path ran is reported by `Collectives.describe()`.
 
+Fused path (`Collectives.all_reduce_add_rmsnorm`, `fused_norm=True`, where the one-shot path is set
+up): the all-reduce after o_proj and after down is summed in one Triton kernel together with the
+residual add + RMSNorm that follows it (fast/kernels/all_reduce_norm.py), on two regions of the same
+symmetric buffer. That kernel has no closing barrier, so two calls on one region must be separated by
+another collective of all ranks. The model makes it so: o_proj uses ATTENTION_REGION and down uses
+MLP_REGION, so within a forward consecutive fused calls alternate, and the last layer's down, the
+logits' gather and the next embedding's all-reduce lie between forwards.
+
 Measured on two H200s (NVLink), bf16, inside a CUDA graph, when the issue was filed: [1, 4096]
 one-shot 6.2 us against NCCL's 17-19 us; [256, 4096] (2 MiB) one-shot 35.5 us against NCCL's
 18.7 us. ONE_SHOT_MAX_BYTES sits between them, at decode-batch sizes ([64, 4096] bf16).
@@ -37,6 +45,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from fast.kernels.add_rmsnorm import MAX_HIDDEN, add_rmsnorm
+from fast.kernels.all_reduce_norm import MAX_ROWS, all_reduce_add_rmsnorm
 from spec.errors import TwinferError
 
 logger = logging.getLogger(__name__)
@@ -51,6 +61,10 @@ COMPUTE_TIMEOUT = timedelta(minutes=5)
 CONTROL_TIMEOUT = timedelta(days=7)
 
 ONE_SHOT = "symm_mem_one_shot"
+FUSED = "fused_all_reduce_add_rmsnorm"
+# The symmetric buffer: torch's one-shot staging area, then the fused kernel's two regions.
+ATTENTION_REGION, MLP_REGION = 0, 1
+SYMMETRIC_AREAS = 3
 
 # Symmetric-memory rendezvous this process has made. torch (before the fix of pytorch#196082) keys
 # each rendezvous's store exchange by a per-process sequence number, so ranks whose processes made
@@ -150,7 +164,15 @@ class Collectives:
     """The model's collectives over the compute group: sum of partial products, gather of the
     vocabulary-parallel logits, and integer agreements at start-up."""
 
-    def __init__(self, groups: ProcessGroups, dtype: torch.dtype, vocab_size: int, allow_one_shot: bool = True) -> None:
+    def __init__(
+        self,
+        groups: ProcessGroups,
+        dtype: torch.dtype,
+        vocab_size: int,
+        allow_one_shot: bool = True,
+        fused_norm: bool = False,
+    ) -> None:
+        """fused_norm: all_reduce_add_rmsnorm takes the fused kernel where the one-shot path is set up."""
         self.groups = groups
         self.vocab_size = vocab_size
         self.large_path = "nccl" if groups.device.type == "cuda" else "gloo"
@@ -158,9 +180,13 @@ class Collectives:
         # (replays run the captured path without passing through here).
         self.calls: Counter[str] = Counter()
         self.one_shot: OneShotAllReduce | None = None
+        self.fused: FusedAllReduceNorm | None = None
         self.one_shot_note = "off: not a CUDA device" if groups.device.type != "cuda" else "off: disabled"
+        self.fused_note = "off: disabled" if not fused_norm else "off: needs the one-shot path"
         if allow_one_shot and groups.device.type == "cuda":
             self.one_shot, self.one_shot_note = OneShotAllReduce.create(self, dtype)
+        if fused_norm and self.one_shot is not None:
+            self.fused, self.fused_note = FusedAllReduceNorm.create(self, self.one_shot)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of a contiguous tensor (in place on the NCCL/gloo path)."""
@@ -170,6 +196,28 @@ class Collectives:
         self.calls[self.large_path] += 1
         dist.all_reduce(tensor, group=self.groups.compute)
         return tensor
+
+    def all_reduce_add_rmsnorm(
+        self,
+        term: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        *,
+        region: int,
+        pdl: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden = the sum over ranks of `term` (+ bias); returns (rmsnorm(hidden + residual) * weight,
+        hidden + residual). One kernel when the fused path is on and the message fits; otherwise the
+        all-reduce, the bias, then add_rmsnorm. region: ATTENTION_REGION or MLP_REGION (module doc)."""
+        if self.fused is not None and self.fused.fits(term):
+            self.calls[FUSED] += 1
+            return self.fused(term, bias, residual, weight, eps, region, pdl)
+        hidden = self.all_reduce(term)
+        if bias is not None:
+            hidden = hidden + bias
+        return add_rmsnorm(hidden, residual, weight, eps, pdl=pdl)
 
     def gather_vocab(self, local: torch.Tensor) -> torch.Tensor:
         """[R, shard] logits of each rank's vocabulary rows -> [R, vocab_size] on every rank."""
@@ -203,6 +251,7 @@ class Collectives:
             "large_all_reduce": self.large_path,
             "one_shot_max_bytes": self.one_shot.max_bytes if self.one_shot is not None else 0,
             "one_shot": self.one_shot_note,
+            "fused_all_reduce_add_rmsnorm": self.fused_note,
             "all_reduce_calls_issued": dict(self.calls),
         }
 
@@ -218,8 +267,9 @@ class OneShotAllReduce:
     buffer, a barrier over the signal pads, then every rank reads all peers' buffers over NVLink
     and sums them in rank order; a closing barrier makes the buffer reusable by the next call."""
 
-    def __init__(self, buffer: torch.Tensor, group_name: str, max_bytes: int) -> None:
-        self.buffer = buffer
+    def __init__(self, buffer: torch.Tensor, handle: object, group_name: str, max_bytes: int) -> None:
+        self.buffer = buffer  # SYMMETRIC_AREAS areas of max_bytes; this path stages in the first
+        self.handle = handle  # the rendezvous's handle: every rank's buffer and signal-pad addresses
         self.group_name = group_name
         self.max_bytes = max_bytes
         self.dtype = buffer.dtype
@@ -241,10 +291,11 @@ class OneShotAllReduce:
         try:
             import torch.distributed._symmetric_memory as symm_mem
 
-            buffer = symm_mem.empty(ONE_SHOT_MAX_BYTES // dtype.itemsize, dtype=dtype, device=groups.device)
+            numel = SYMMETRIC_AREAS * ONE_SHOT_MAX_BYTES // dtype.itemsize
+            buffer = symm_mem.empty(numel, dtype=dtype, device=groups.device)
             _rendezvous_count += 1
-            _rendezvous(symm_mem, buffer, groups.compute.group_name)
-            instance: OneShotAllReduce | None = cls(buffer, groups.compute.group_name, ONE_SHOT_MAX_BYTES)
+            handle = _rendezvous(symm_mem, buffer, groups.compute.group_name)
+            instance: OneShotAllReduce | None = cls(buffer, handle, groups.compute.group_name, ONE_SHOT_MAX_BYTES)
             set_up = True
         except Exception as error:  # an alpha API: any failure means NCCL for every message
             logger.warning("symmetric memory unavailable, all-reduce through NCCL: %s", error)
@@ -275,9 +326,83 @@ class OneShotAllReduce:
         return out
 
 
-def _rendezvous(symm_mem: types.ModuleType, buffer: torch.Tensor, group_name: str) -> None:
+class FusedAllReduceNorm:
+    """fast/kernels/all_reduce_norm.py on the one-shot path's symmetric buffer: two regions of
+    ONE_SHOT_MAX_BYTES after torch's staging area, and the rendezvous's signal pads."""
+
+    def __init__(self, one_shot: OneShotAllReduce, rank: int, world_size: int) -> None:
+        device = one_shot.buffer.device
+        handle = one_shot.handle
+        # The regions are addressed from each rank's buffer start, and the kernel's flags are
+        # 4-byte slots [row * world + rank] of the signal pads: both must hold as this assumes.
+        if handle.buffer_ptrs[rank] != one_shot.buffer.data_ptr():
+            raise RuntimeError("the symmetric buffer does not start where its handle says")
+        pad_bytes, needed = getattr(handle, "signal_pad_size", None), MAX_ROWS * world_size * 4
+        if pad_bytes is not None and pad_bytes < needed:
+            raise RuntimeError(f"the signal pads hold {pad_bytes} bytes; the fused kernel needs {needed}")
+        self.dtype = one_shot.dtype
+        self.region_numel = one_shot.max_bytes // self.dtype.itemsize
+        self.rank, self.world_size = rank, world_size
+        self.buffer_ptrs = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
+        self.signal_pad_ptrs = torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device)
+
+    @classmethod
+    def create(cls, collectives: Collectives, one_shot: OneShotAllReduce) -> tuple[FusedAllReduceNorm | None, str]:
+        """The path, when a probe on both regions gives every rank the right sum; else None and why."""
+        groups = collectives.groups
+        try:
+            instance: FusedAllReduceNorm | None = cls(one_shot, groups.rank, groups.world_size)
+            correct = all(instance.probe(region) for region in (ATTENTION_REGION, MLP_REGION))
+        except Exception as error:  # a kernel that cannot compile or launch here: the unfused path
+            logger.warning("the fused all-reduce + RMSNorm is unavailable: %s", error)
+            instance, correct = None, False
+        if not collectives.all_agree(correct) or instance is None:
+            return None, "off: its probe failed on a rank"
+        return instance, "on"
+
+    def probe(self, region: int) -> bool:
+        """Rank r contributes r + 1 to every element: the residual stream must become the exact sum."""
+        device = self.buffer_ptrs.device
+        term = torch.full((2, 64), float(self.rank + 1), dtype=self.dtype, device=device)
+        residual = torch.zeros_like(term)
+        weight = torch.ones(64, dtype=self.dtype, device=device)
+        _, summed = self(term, None, residual, weight, 1e-6, region, False)
+        return bool(torch.all(summed == self.world_size * (self.world_size + 1) / 2).item())
+
+    def fits(self, term: torch.Tensor) -> bool:
+        rows, hidden = term.shape
+        return (
+            term.dtype == self.dtype
+            and rows <= MAX_ROWS
+            and hidden <= MAX_HIDDEN
+            and term.numel() <= self.region_numel
+            and term.stride(1) == 1
+        )
+
+    def __call__(
+        self,
+        term: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        region: int,
+        pdl: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if region not in (ATTENTION_REGION, MLP_REGION):
+            raise ValueError(f"region must be ATTENTION_REGION or MLP_REGION, got {region!r}")
+        return all_reduce_add_rmsnorm(
+            term, bias, residual, weight, eps,
+            buffer_ptrs=self.buffer_ptrs, signal_pad_ptrs=self.signal_pad_ptrs,
+            region_offset=(1 + region) * self.region_numel, region_numel=self.region_numel,
+            rank=self.rank, world_size=self.world_size, pdl=pdl,
+        )  # fmt: skip
+
+
+def _rendezvous(symm_mem: types.ModuleType, buffer: torch.Tensor, group_name: str) -> object:
+    """The buffer's symmetric-memory handle (peers' buffer and signal-pad addresses)."""
     try:
-        symm_mem.rendezvous(buffer, group_name)
+        return symm_mem.rendezvous(buffer, group_name)
     except RuntimeError:
         # torch versions from before enable_symm_mem_for_group was deprecated need the group enabled first.
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
@@ -286,7 +411,7 @@ def _rendezvous(symm_mem: types.ModuleType, buffer: torch.Tensor, group_name: st
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             enable(group_name)
-        symm_mem.rendezvous(buffer, group_name)
+        return symm_mem.rendezvous(buffer, group_name)
 
 
 def _one_shot_unsupported(dtype: torch.dtype) -> str | None:

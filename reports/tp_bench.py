@@ -11,7 +11,9 @@ rank reads only its slices, as a real checkpoint is read):
 * the all-reduce time of one decode step for both paths, NCCL and the symmetric-memory one-shot:
   2 x num_hidden_layers all-reduces of [rows, hidden] chained inside one CUDA graph, replayed and
   timed with CUDA events on rank 0 (rows 1 is decode-bs1's message), and whether the two paths'
-  sums are equal;
+  sums are equal; then the same chains with each all-reduce followed by the add + RMSNorm it feeds,
+  beside the fused kernel that does both (fast/kernels/all_reduce_norm.py), and whether it equals
+  NCCL followed by add_rmsnorm;
 * which paths the 2-rank engine set up (`FastEngine.tensor_parallel_info`).
 
 `--shape tiny --device cpu --scale 0.02` runs the same harness through Triton's interpreter and
@@ -125,11 +127,12 @@ def _all_reduce_worker(
 ) -> None:
     import torch.distributed as dist
 
-    from fast.parallel import ONE_SHOT, Collectives, init_process_groups
+    from fast.kernels.add_rmsnorm import add_rmsnorm
+    from fast.parallel import FUSED, ONE_SHOT, Collectives, init_process_groups
 
     device = torch.device("cuda", rank)
     groups = init_process_groups(rank, world_size, device, init_method)
-    collectives = Collectives(groups, dtype, vocab_size=1)
+    collectives = Collectives(groups, dtype, vocab_size=1, fused_norm=True)
 
     def nccl(tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, group=groups.compute)
@@ -142,6 +145,9 @@ def _all_reduce_worker(
         "method": f"{calls} all-reduces of [rows, {hidden}] chained in one CUDA graph; median of "
         f"{ALL_REDUCE_REPLAYS} replays timed one by one with CUDA events on rank 0",
         "one_shot": collectives.one_shot_note,
+        "fused": collectives.fused_note,
+        "with_add_rmsnorm": "each all-reduce followed by the residual add + RMSNorm it feeds in the model "
+        f"(`{FUSED}`: the two in one kernel), chained the same way",
         "rows": {},
     }
     for rows in ALL_REDUCE_ROWS:
@@ -152,23 +158,57 @@ def _all_reduce_worker(
         entry: dict[str, object] = {"message_bytes": probe.numel() * probe.element_size()}
         for name, reduce in paths.items():
             entry[name] = _time_chain(reduce, probe, calls, device)
+        norm_paths = {name: _then_add_rmsnorm(reduce, add_rmsnorm) for name, reduce in paths.items()}
+        if collectives.fused is not None and collectives.fused.fits(probe):
+            norm_paths[FUSED] = partial(collectives.fused, bias=None, eps=1e-6, pdl=False)
+        entry["with_add_rmsnorm"] = {
+            name: _time_norm_chain(reduce_norm, probe, calls, device) for name, reduce_norm in norm_paths.items()
+        }
+        data = torch.randn((rows, hidden), generator=torch.Generator(device).manual_seed(rank), device=device)
+        data = data.to(dtype)
         if ONE_SHOT in paths:
-            data = torch.randn((rows, hidden), generator=torch.Generator(device).manual_seed(rank), device=device)
-            data = data.to(dtype)
             entry["paths_sum_equal"] = bool(torch.equal(nccl(data.clone()), collectives.one_shot(data.clone())))
+        if FUSED in norm_paths:
+            residual, weight = torch.ones_like(data), torch.ones(hidden, dtype=dtype, device=device)
+            fused = norm_paths[FUSED](data.clone(), residual=residual, weight=weight, region=0)
+            unfused = norm_paths["nccl"](data.clone(), residual=residual, weight=weight, region=0)
+            entry["fused_equals_nccl_then_add_rmsnorm"] = all(map(torch.equal, fused, unfused))
         record["rows"][str(rows)] = entry
     if rank == 0:
         Path(result_file).write_text(json.dumps(record))
     groups.destroy()
 
 
+def _then_add_rmsnorm(reduce: Callable[[torch.Tensor], torch.Tensor], add_rmsnorm: Callable) -> Callable:
+    def reduce_norm(term: torch.Tensor, *, residual: torch.Tensor, weight: torch.Tensor, region: int):
+        return add_rmsnorm(reduce(term), residual, weight, 1e-6)
+
+    return reduce_norm
+
+
 def _time_chain(reduce: Callable[[torch.Tensor], torch.Tensor], probe: torch.Tensor, calls: int, device) -> dict:
-    def step() -> torch.Tensor:
+    def step() -> None:
         value = probe  # zeros: the chained sums stay finite, and timing does not depend on values
         for _ in range(calls):
             value = reduce(value)
-        return value
 
+    return _time_graph(step, calls, device)
+
+
+def _time_norm_chain(reduce_norm: Callable, probe: torch.Tensor, calls: int, device) -> dict:
+    """Each call's normalised output is the next one's term, its residual the next residual; the
+    fused kernel's two regions alternate, as the model's o_proj and down do."""
+    weight = torch.ones(probe.shape[1], dtype=probe.dtype, device=device)
+
+    def step() -> None:
+        term, residual = probe, probe
+        for index in range(calls):
+            term, residual = reduce_norm(term, residual=residual, weight=weight, region=index % 2)
+
+    return _time_graph(step, calls, device)
+
+
+def _time_graph(step: Callable[[], None], calls: int, device) -> dict:
     step()
     torch.cuda.synchronize(device)
     graph = torch.cuda.CUDAGraph()
@@ -247,6 +287,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "decode_bs1_repeats": args.repeats,
         "async_scheduling": args.async_scheduling,
         "programmatic_dependent_launch": args.programmatic_dependent_launch,
+        "fused_all_reduce_norm": args.fused_all_reduce_norm,
     }
     if device.type == "cuda" and torch.cuda.device_count() >= 2:
         record["all_reduce"] = measure_all_reduce(shape, dtype)
@@ -258,7 +299,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     for ranks in args.ranks:
         phases = [(phase, args.repeats) for phase in decode.phases] + [(phase, 1) for phase in offline.phases]
         base = EngineConfig(
-            async_scheduling=args.async_scheduling, programmatic_dependent_launch=args.programmatic_dependent_launch
+            async_scheduling=args.async_scheduling,
+            programmatic_dependent_launch=args.programmatic_dependent_launch,
+            fused_all_reduce_norm=args.fused_all_reduce_norm,
         )
         engines[str(ranks)] = run_engine(checkpoint, ranks, dtype, device, phases, args.profile, base)
         _save(record, args.json)
@@ -315,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         "--programmatic-dependent-launch",
         action="store_true",
         help="every engine's Triton kernels launch with programmatic dependent launch (sm90+)",
+    )
+    parser.add_argument(
+        "--fused-all-reduce-norm",
+        action="store_true",
+        help="every engine fuses its decode-sized all-reduces with the add + RMSNorm after them (2+ ranks)",
     )
     parser.add_argument(
         "--profile",

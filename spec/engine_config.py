@@ -47,6 +47,12 @@ class EngineConfig:
         CUDA, compute capability 9.0 or newer (else a ConfigError at start); each kernel waits for
         its predecessor's results before touching memory, so outputs are the same bits. The
         reference engine ignores it.
+    fused_all_reduce_norm: the fast engine's tensor-parallel all-reduces fused with the add + RMSNorm after them.
+        The all-reduce after o_proj and after down runs in one kernel with the residual add +
+        RMSNorm that follows it, where the symmetric-memory one-shot all-reduce is set up (CUDA
+        GPUs of one host) and the message is decode-sized (fast/kernels/all_reduce_norm.py); the
+        sum is taken in rank order in fp32 and rounded once. Elsewhere, and with one rank, it
+        changes nothing. The reference engine ignores it.
     """
 
     block_size: int = 16
@@ -62,6 +68,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     async_scheduling: bool = False
     programmatic_dependent_launch: bool = False
+    fused_all_reduce_norm: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
@@ -75,7 +82,7 @@ class EngineConfig:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
         switches = (
             "enable_prefix_caching", "check_invariants", "enable_cuda_graphs", "batch_invariant", "async_scheduling",
-            "programmatic_dependent_launch",
+            "programmatic_dependent_launch", "fused_all_reduce_norm",
         )  # fmt: skip
         for name in switches:
             if not isinstance(getattr(self, name), bool):

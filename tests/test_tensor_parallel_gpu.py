@@ -11,6 +11,7 @@ their all-reduces inside. Marker `gpu`; skipped unless at least 2 GPUs are visib
   tokens shared on the GPUs) against step by step without PDL: identical.
 * fp32: the one-shot path against NCCL (in a fresh process, whose first engine sets up the one-shot
   path and whose second runs on NCCL alone): identical outputs, since 2 ranks sum a + b either way.
+  The same for the fused all-reduce + add + RMSNorm kernel, with async scheduling and PDL.
 * bf16, qwen3-8b shape: 2 ranks against the reference by the spec's near-tie rule.
 * A worker killed mid-generation: rank 0 raises TensorParallelError within a bounded time and no
   process is left. Run in a subprocess, so a hang fails the test instead of stalling the run.
@@ -158,11 +159,11 @@ from fast.engine import FastEngine
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
 
-checkpoint, prompts = sys.argv[1], json.loads(sys.argv[2])
+checkpoint, prompts, first_settings = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5)
 runs = []
-for _ in range(2):  # this process's second engine runs every all-reduce on NCCL (fast.parallel)
-    config = EngineConfig(block_size=16, num_blocks=512, max_model_len=2048, tensor_parallel_size=2)
+for settings in (first_settings, {}):  # this process's second engine runs every all-reduce on NCCL (fast.parallel)
+    config = EngineConfig(block_size=16, num_blocks=512, max_model_len=2048, tensor_parallel_size=2, **settings)
     with FastEngine.from_pretrained(checkpoint, config, "float32", "cuda") as engine:
         outputs = engine.generate(prompts, params)
         runs.append({
@@ -187,16 +188,36 @@ def _run_script(script: str, *args: str) -> str:
     return done.stdout
 
 
-def test_one_shot_all_reduce_equals_nccl_in_fp32(small_checkpoint: Path) -> None:
+def _first_engine_against_nccl(checkpoint: Path, settings: dict[str, bool]) -> tuple[dict, dict]:
+    """A fresh process's first 2-rank engine (symmetric memory set up) with `settings`, then its
+    second, whose every all-reduce runs on NCCL, on the same prompts."""
     prompts = prompts_of([5, 40, 77], seed=21)
-    stdout = _run_script(_ONE_SHOT_SCRIPT, str(small_checkpoint), json.dumps(prompts))
-    one_shot, nccl = json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT "))[7:])
+    stdout = _run_script(_ONE_SHOT_SCRIPT, str(checkpoint), json.dumps(prompts), json.dumps(settings))
+    first, nccl = json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT "))[7:])
+    return first, nccl
+
+
+def test_one_shot_all_reduce_equals_nccl_in_fp32(small_checkpoint: Path) -> None:
+    one_shot, nccl = _first_engine_against_nccl(small_checkpoint, {})
     record("tp2_one_shot_vs_nccl", {"one_shot_engine": one_shot["info"], "nccl_engine": nccl["info"]})
     assert one_shot["info"]["small_all_reduce"] == "symm_mem_one_shot", one_shot["info"]
     assert one_shot["info"]["all_reduce_calls_issued"].get("symm_mem_one_shot", 0) > 0
     assert nccl["info"]["small_all_reduce"] == "nccl", nccl["info"]
     assert one_shot["tokens"] == nccl["tokens"]
     assert one_shot["logprobs"] == nccl["logprobs"]
+
+
+def test_fused_all_reduce_norm_equals_nccl_in_fp32(small_checkpoint: Path) -> None:
+    """The fused all-reduce + add + RMSNorm kernel (with async scheduling and PDL, the best settings)
+    against NCCL followed by add_rmsnorm: identical, since it sums a + b and normalises the same way."""
+    best = {"fused_all_reduce_norm": True, "async_scheduling": True, "programmatic_dependent_launch": True}
+    fused, nccl = _first_engine_against_nccl(small_checkpoint, best)
+    record("tp2_fused_vs_nccl", {"fused_engine": fused["info"], "nccl_engine": nccl["info"]})
+    assert fused["info"]["fused_all_reduce_add_rmsnorm"] == "on", fused["info"]
+    assert fused["info"]["all_reduce_calls_issued"].get("fused_all_reduce_add_rmsnorm", 0) > 0
+    assert nccl["info"]["fused_all_reduce_add_rmsnorm"] == "off: disabled", nccl["info"]
+    assert fused["tokens"] == nccl["tokens"]
+    assert fused["logprobs"] == nccl["logprobs"]
 
 
 def test_bf16_two_ranks_near_tie_rule_qwen3_8b() -> None:
