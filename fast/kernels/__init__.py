@@ -10,6 +10,8 @@
     matmul              invariant_linear: the batch-invariant matmul (fixed tiles, no split-K)
     gumbel_sample       gumbel_sample: spec.sampling's Gumbel-max step fused over the vocabulary
     gemv                small_batch_linear / silu_mul_linear: 1-16 row linear layers (decode-sized projections on CUDA)
+    all_reduce_norm     all_reduce_add_rmsnorm: tensor parallelism's one-shot all-reduce (symmetric memory) fused
+                        with the residual add + RMSNorm after it
 
 Modules are imported on demand (nothing here imports Triton), so TRITON_INTERPRET can still be
 set before the first kernel module is loaded.
