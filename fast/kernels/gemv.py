@@ -74,17 +74,6 @@ MAX_GEMV_ROWS = 16
 
 
 @triton.jit
-def _gemv_step(acc, w_tile, x_tile, USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] += w_tile [BLOCK_N, BLOCK_K] . x_tile [BLOCK_M, BLOCK_K] over K, in fp32."""
-    if USE_DOT:
-        # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_M]: products exact, fp32 accumulation.
-        return tl.dot(w_tile, tl.trans(x_tile), acc, input_precision=DOT_PRECISION)
-    # [BLOCK_N, 1, BLOCK_K] * [1, BLOCK_M, BLOCK_K] in fp32, summed over K.
-    product = w_tile.to(tl.float32)[:, None, :] * x_tile.to(tl.float32)[None, :, :]
-    return acc + tl.sum(product, axis=2)
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -104,8 +93,8 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
-    PREFETCH_FIRST_TILE: tl.constexpr,  # with PDL, not SILU_MUL: the first weight tile before the wait
 ):
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # weight rows = output columns
     rows = tl.arange(0, BLOCK_M)  # rows of x (M <= BLOCK_M: one tile)
     depth = tl.arange(0, BLOCK_K)
@@ -116,22 +105,6 @@ def _gemv_kernel(
     w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * K + depth[None, :]  # [BLOCK_N, BLOCK_K]
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * x_row_stride + depth[None, :]  # [BLOCK_M, BLOCK_K]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    k_start = 0
-    if PREFETCH_FIRST_TILE:
-        # The weights are constant: the first weight tile is read before waiting for the kernel
-        # before (fast/kernels/pdl.py), so its memory latency overlaps that kernel's tail. Then
-        # the first step runs here and the loop starts at the second (the same steps, in the same
-        # order: the same bits).
-        first_k_valid = depth < K
-        w_first = tl.load(w_ptrs, mask=col_valid[:, None] & first_k_valid[None, :], other=0.0)
-        wait_then_release(USE_PDL)
-        x_first = tl.load(x_ptrs, mask=row_valid[:, None] & first_k_valid[None, :], other=0.0)
-        acc = _gemv_step(acc, w_first, x_first, USE_DOT, DOT_PRECISION)
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-        k_start = BLOCK_K
-    else:
-        wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     if SILU_MUL:
         # The gate and up tiles are loaded one step ahead (register double buffering): they feed
         # arithmetic before the dot, which Triton's pipeliner does not prefetch, and a program
@@ -139,7 +112,7 @@ def _gemv_kernel(
         first_mask = row_valid[:, None] & (depth < K)[None, :]
         gate_next = tl.load(x_ptrs, mask=first_mask, other=0.0)
         up_next = tl.load(x_ptrs + K, mask=first_mask, other=0.0)
-    for k0 in range(k_start, K, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             w_mask = col_valid[:, None]
             x_mask = row_valid[:, None]
@@ -158,7 +131,13 @@ def _gemv_kernel(
             x_tile = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty)
         else:
             x_tile = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        acc = _gemv_step(acc, w_tile, x_tile, USE_DOT, DOT_PRECISION)
+        if USE_DOT:
+            # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_M]: products exact, fp32 accumulation.
+            acc = tl.dot(w_tile, tl.trans(x_tile), acc, input_precision=DOT_PRECISION)
+        else:
+            # [BLOCK_N, 1, BLOCK_K] * [1, BLOCK_M, BLOCK_K] in fp32, summed over K.
+            product = w_tile.to(tl.float32)[:, None, :] * x_tile.to(tl.float32)[None, :, :]
+            acc += tl.sum(product, axis=2)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if HAS_BIAS:
@@ -357,7 +336,6 @@ def _launch(
         BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         USE_PDL=pdl,
-        PREFETCH_FIRST_TILE=pdl and not silu_mul,
         launch_pdl=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -90,29 +90,3 @@ def test_a_layer_chain_gives_the_same_bits_with_pdl(dtype: torch.dtype, rows: in
     torch.cuda.synchronize()
     for expected, got in zip(without, captured, strict=True):
         assert torch.equal(expected, got)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    ("rows", "width", "depth"),
-    [
-        (1, 6144, 1024),  # FMA tiles, one step: the whole K is the tile read before the wait
-        (1, 12288, 4096),  # tensor-core tiles, many steps (a rank's share of the 8B gate_up)
-        (1, 4096, 12288),  # the 8B down: the deepest weight
-        (3, 1000, 1000),  # K not a multiple of the tile: the first tile is masked too
-        (8, 4096, 4096),
-        (16, 2048, 3000),
-    ],
-)
-def test_gemv_reading_its_first_weight_tile_before_the_wait_gives_the_same_bits(
-    rows: int, width: int, depth: int
-) -> None:
-    """With PDL the GEMV loads its first weight tile before waiting for the kernel before it, and runs
-    that step ahead of its loop: the same steps in the same order as without PDL."""
-    generator = torch.Generator(device="cuda").manual_seed(rows * width + depth)
-    x = torch.randn((rows, depth), generator=generator, device="cuda").to(torch.bfloat16)
-    weight = (torch.randn((width, depth), generator=generator, device="cuda") * 0.03).to(torch.bfloat16)
-    bias = torch.randn(width, generator=generator, device="cuda").to(torch.bfloat16)
-    for with_bias in (None, bias):
-        expected = small_batch_linear(x, weight, with_bias)
-        assert torch.equal(small_batch_linear(x, weight, with_bias, pdl=True), expected)
