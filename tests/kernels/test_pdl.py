@@ -90,3 +90,26 @@ def test_a_layer_chain_gives_the_same_bits_with_pdl(dtype: torch.dtype, rows: in
     torch.cuda.synchronize()
     for expected, got in zip(without, captured, strict=True):
         assert torch.equal(expected, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("rows", "width", "depth"),
+    [
+        (1, 6144, 1024),  # FMA tiles, one step
+        (1, 12288, 4096),  # tensor-core tiles, many steps (a rank's share of the 8B gate_up)
+        (1, 4096, 12288),  # the 8B down: the deepest weight
+        (3, 1000, 1000),  # K not a multiple of the tile
+        (8, 4096, 4096),
+        (16, 2048, 3000),
+    ],
+)
+def test_gemv_gives_the_same_bits_with_pdl_at_the_engine_shapes(rows: int, width: int, depth: int) -> None:
+    """The GEMV alone, FMA and tensor-core tiles, one step and many, with and without a bias."""
+    generator = torch.Generator(device="cuda").manual_seed(rows * width + depth)
+    x = torch.randn((rows, depth), generator=generator, device="cuda").to(torch.bfloat16)
+    weight = (torch.randn((width, depth), generator=generator, device="cuda") * 0.03).to(torch.bfloat16)
+    bias = torch.randn(width, generator=generator, device="cuda").to(torch.bfloat16)
+    for with_bias in (None, bias):
+        expected = small_batch_linear(x, weight, with_bias)
+        assert torch.equal(small_batch_linear(x, weight, with_bias, pdl=True), expected)
