@@ -113,6 +113,7 @@ class InputBatch:
         self._pending_host = torch.zeros(2 * max_num_seqs, dtype=torch.int64, pin_memory=pin)
         self._pending_rows = torch.zeros(2 * max_num_seqs, dtype=torch.int64, device=device)
         self._pending_uploaded = torch.cuda.Event() if device.type == "cuda" else None
+        self._pending_taken = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)  # gathered tokens
         self._num_pending = 0  # pending token rows of the step loaded last
         self._packed_words = 0  # words of the step loaded last (its packed section)
 
@@ -236,7 +237,10 @@ class InputBatch:
         rows.copy_(self._pending_host[: 2 * count], non_blocking=True)
         if self._pending_uploaded is not None:
             self._pending_uploaded.record()
-        taken = source.index_select(0, rows[count:]).to(self.token_ids.dtype)
+        if source.dtype != self.token_ids.dtype:
+            raise TypeError(f"source must hold {self.token_ids.dtype} token ids, got {source.dtype}")
+        taken = self._pending_taken[:count]  # gathered into a buffer of the batch: nothing allocated per step
+        torch.index_select(source, 0, rows[count:], out=taken)
         self.token_ids.index_copy_(0, rows[:count], taken)
 
     def _fill_decode(

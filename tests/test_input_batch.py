@@ -118,3 +118,7 @@ def test_pending_tokens_are_filled_in_from_the_sampled_tokens() -> None:
     assert batch.token_ids[: shape.num_tokens].tolist() == [11, 12, 13, 14, 72, 70]
     with pytest.raises(ValueError, match="pending token rows"):
         batch.set_pending_tokens([4, 5], torch.tensor([70]), [0])
+    with pytest.raises(TypeError, match="source must hold torch.int64 token ids"):
+        batch.set_pending_tokens([4, 5], torch.tensor([70, 71, 72], dtype=torch.int32), [2, 0])
+    batch.set_pending_tokens([5, 4], torch.tensor([80, 81, 82]), [1, 2])  # the gather buffer is reused
+    assert batch.token_ids[: shape.num_tokens].tolist() == [11, 12, 13, 14, 82, 81]
