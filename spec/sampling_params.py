@@ -23,8 +23,8 @@ class SamplingParams:
     ignore_eos: keep generating through the model's end-of-sequence tokens.
     stop_token_ids: extra token ids that end the request (the stop token is kept in the output).
     seed: makes sampling reproducible; None draws a seed when the request is added.
-    logprobs: how many top log-probabilities to return per generated token (0 to 20), besides
-        the log-probability of the chosen token, which is always returned.
+    logprobs: how many top log-probabilities to return per generated token (0 to 20); 0 returns
+        none. From 1 up, each token's entry also holds the chosen token's own log-probability.
     prompt_logprobs: None (off) or how many top log-probabilities to return for every prompt
         position after the first (0 to 20), besides the prompt token's own. A request that asks
         for them gets no prefix-cache hit: every prompt position is recomputed (spec.scheduling).
