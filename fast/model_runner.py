@@ -27,7 +27,7 @@ import triton
 from fast.attention import PagedAttention, StepMetadata
 from fast.cuda_graphs import DecodeGraphs
 from fast.input_batch import InputBatch, SequenceInput, StepShape
-from fast.kernels.pdl import check_pdl_device
+from fast.kernels.pdl import resolve_pdl
 from fast.kv_cache import KVCache
 from fast.model import SMALL_BATCH_ROWS, FastCausalLM
 from fast.parallel import Collectives, ProcessGroups, StepChannel, StepCommand, StepHeader, TensorParallelError
@@ -85,9 +85,8 @@ class ModelRunner:
                 groups, dtype, model_config.vocab_size, allow_one_shot, engine_config.fused_all_reduce_norm
             )
         settings = engine_config.resolved(model_config)  # its pool size is provisional until measured
-        pdl = settings.programmatic_dependent_launch
-        if pdl:
-            check_pdl_device(device)  # ConfigError on a device without it, before anything is built
+        # ConfigError where it was asked for and cannot run, before anything is built.
+        pdl = resolve_pdl(settings.programmatic_dependent_launch, device)
         self.block_size = settings.block_size
         self.max_blocks_per_seq = triton.cdiv(settings.model_len, settings.block_size)
         # Every sequence in a step brings at least one token, and at most max_num_seqs run.
@@ -113,7 +112,10 @@ class ModelRunner:
             settings.batch_invariant,
             pdl=pdl,
         )
-        self.config = engine_config.resolved(model_config, self._pool_blocks(engine_config, settings))
+        self.config = replace(
+            engine_config.resolved(model_config, self._pool_blocks(engine_config, settings)),
+            programmatic_dependent_launch=pdl,  # as resolved on this device (None asks for "where supported")
+        )
         self.cache = self._make_cache(self.config.pool_blocks)
         self.inputs = InputBatch(
             settings.max_num_batched_tokens,

@@ -356,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--programmatic-dependent-launch",
-        action="store_true",
-        help="every engine's Triton kernels launch with programmatic dependent launch (sm90+)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="every engine's Triton kernels launch with programmatic dependent launch (sm90+); "
+        "default: where the GPU supports it (EngineConfig's default)",
     )
     parser.add_argument(
         "--fused-all-reduce-norm",

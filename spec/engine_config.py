@@ -44,9 +44,11 @@ class EngineConfig:
         and a request added while a step is launched ahead (it joins the step after that one).
         The reference engine ignores it.
     programmatic_dependent_launch: the fast engine's Triton kernels start while the one before ends (sm90+).
-        CUDA, compute capability 9.0 or newer (else a ConfigError at start); each kernel waits for
-        its predecessor's results before touching memory, so outputs are the same bits. The
-        reference engine ignores it.
+        None (the default): on wherever the device supports it (CUDA, compute capability 9.0 or
+        newer, a Triton with griddepcontrol); True: required (else a ConfigError at start); False:
+        off. Each kernel waits for its predecessor's results before touching memory, so outputs
+        are the same bits. The fast engine's `config` holds the resolved value. The reference
+        engine ignores it.
     fused_all_reduce_norm: the fast engine's tensor-parallel all-reduces fused with the add + RMSNorm after them.
         The all-reduce after o_proj and after down runs in one kernel with the residual add +
         RMSNorm that follows it, where the symmetric-memory one-shot all-reduce is set up (CUDA
@@ -67,7 +69,7 @@ class EngineConfig:
     batch_invariant: bool = False
     tensor_parallel_size: int = 1
     async_scheduling: bool = False
-    programmatic_dependent_launch: bool = False
+    programmatic_dependent_launch: bool | None = None
     fused_all_reduce_norm: bool = False
 
     def __post_init__(self) -> None:
@@ -85,8 +87,11 @@ class EngineConfig:
             "programmatic_dependent_launch", "fused_all_reduce_norm",
         )  # fmt: skip
         for name in switches:
+            if name == "programmatic_dependent_launch" and self.programmatic_dependent_launch is None:
+                continue  # where the device supports it
             if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"engine setting {name!r} must be a bool, got {getattr(self, name)!r}")
+                also = " (or None: where the device supports it)" if name == "programmatic_dependent_launch" else ""
+                raise ConfigError(f"engine setting {name!r} must be a bool{also}, got {getattr(self, name)!r}")
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):

@@ -223,8 +223,17 @@ def test_sampler_rows_set_the_same_columns_as_the_params() -> None:
         sampler.set_sampler_rows([sampler.row(SamplingParams(), 0)], [0, 1])
 
 
-def test_programmatic_dependent_launch_is_refused_on_the_cpu(tiny_weights) -> None:
+def test_programmatic_dependent_launch_is_refused_on_the_cpu_when_asked_for(tiny_weights) -> None:
     config, state_dict = tiny_weights
     settings = EngineConfig(block_size=4, programmatic_dependent_launch=True)
     with pytest.raises(ConfigError, match="programmatic dependent launch needs a CUDA device, not cpu"):
         FastEngine(config, state_dict, settings, torch.float32, "cpu")
+
+
+def test_programmatic_dependent_launch_by_default_is_off_where_unsupported(tiny_weights) -> None:
+    """The default (None) resolves on the device: off on the CPU, and the engine's config says so."""
+    config, state_dict = tiny_weights
+    assert EngineConfig().programmatic_dependent_launch is None
+    with FastEngine(config, state_dict, EngineConfig(block_size=4), torch.float32, "cpu") as engine:
+        assert engine.config.programmatic_dependent_launch is False
+        assert engine.runner.model.pdl is False

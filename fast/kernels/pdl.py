@@ -30,14 +30,31 @@ def wait_then_release(USE_PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()  # the next kernel may be scheduled from now on
 
 
-def check_pdl_device(device: torch.device) -> None:
-    """Programmatic dependent launch needs a CUDA device of compute capability 9.0 or newer."""
+def pdl_unsupported(device: torch.device) -> str | None:
+    """Why programmatic dependent launch cannot run on `device`, or None: it needs a CUDA device of
+    compute capability 9.0 or newer, and a Triton with griddepcontrol (tl.extra.cuda.gdc_wait)."""
     if device.type != "cuda":
-        raise ConfigError(f"programmatic dependent launch needs a CUDA device, not {device.type}")
+        return f"programmatic dependent launch needs a CUDA device, not {device.type}"
     major, minor = torch.cuda.get_device_capability(device)
     if major < 9:
-        raise ConfigError(
-            f"programmatic dependent launch needs compute capability 9.0 or newer; {device} has {major}.{minor}"
-        )
+        return f"programmatic dependent launch needs compute capability 9.0 or newer; {device} has {major}.{minor}"
     if getattr(getattr(tl.extra, "cuda", None), "gdc_wait", None) is None:
-        raise ConfigError(f"programmatic dependent launch needs a Triton with gdc_wait (this is {triton.__version__})")
+        return f"programmatic dependent launch needs a Triton with gdc_wait (this is {triton.__version__})"
+    return None
+
+
+def check_pdl_device(device: torch.device) -> None:
+    """ConfigError, naming the reason, where programmatic dependent launch cannot run."""
+    reason = pdl_unsupported(device)
+    if reason is not None:
+        raise ConfigError(reason)
+
+
+def resolve_pdl(setting: bool | None, device: torch.device) -> bool:
+    """EngineConfig.programmatic_dependent_launch on `device`: None (the default) is on wherever the
+    device supports it; True insists (ConfigError where it cannot run); False is off."""
+    if setting is None:
+        return pdl_unsupported(device) is None
+    if setting:
+        check_pdl_device(device)
+    return setting
