@@ -3,7 +3,8 @@
 # unpacked in .clean/ (carry ".clean"):
 # 0. the GPUs' interconnect (nvidia-smi topo -m, nvlink status): NVLink or PCIe decides the all-reduce times.
 # 1. tp_bench --profile: all-reduce microbenchmark (rows 1, 64, 256), the 2-rank engine then the 1-rank engine
-#    (qwen3-8b, bf16), each phase also once under torch.profiler in rank 0's process.
+#    (qwen3-8b, bf16; PDL off, as in the earlier records), each phase also once under torch.profiler in rank 0's
+#    process.
 # 1b. the same with --async-scheduling (each step launched before the last one's tokens are read) and
 #     --programmatic-dependent-launch on both engines: the settings of the best one-GPU figures (bench/pdl/).
 # 1c. the same as 1b with --fused-all-reduce-norm (each decode layer's all-reduces fused with the add + RMSNorm
@@ -19,7 +20,7 @@ nvidia-smi topo -m > "$R/topology.txt" 2>&1
 nvidia-smi nvlink -s >> "$R/topology.txt" 2>&1
 export TWINFER_RESULTS_DIR=$R
 [[ ${PART:-figures} == figures ]] && run tp_bench 240 python -m reports.tp_bench --ranks 2,1 --profile \
-    --json "$R/tp_bench.json"
+    --no-programmatic-dependent-launch --json "$R/tp_bench.json"
 if [[ ${PART:-figures} == best ]]; then
     run tp_bench_fused 230 python -m reports.tp_bench --ranks 2,1 --async-scheduling --programmatic-dependent-launch \
         --fused-all-reduce-norm --json "$R/tp_bench_fused.json"
