@@ -56,6 +56,31 @@ def _add_rmsnorm_kernel(
     mask = cols < hidden
 
     values = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    add_then_normalise(
+        values, row, cols, mask, residual_ptr, residual_row_stride, residual_out_ptr, residual_out_row_stride,
+        weight_ptr, out_ptr, out_row_stride, hidden, eps, HAS_RESIDUAL,
+    )  # fmt: skip
+
+
+@triton.jit
+def add_then_normalise(
+    values,  # fp32 [BLOCK_HIDDEN]: row `row` of x (masked columns 0)
+    row,
+    cols,
+    mask,
+    residual_ptr,
+    residual_row_stride,
+    residual_out_ptr,
+    residual_out_row_stride,
+    weight_ptr,
+    out_ptr,
+    out_row_stride,
+    hidden,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    """The row's residual add (stored, rounded) and RMSNorm (stored): add_rmsnorm's body, which
+    fast/kernels/all_reduce_norm.py shares so that the two round alike."""
     if HAS_RESIDUAL:
         residual = tl.load(residual_ptr + row * residual_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
         summed = (values + residual).to(residual_out_ptr.dtype.element_ty)

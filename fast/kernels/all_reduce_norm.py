@@ -63,7 +63,7 @@ from fast.kernels._checks import (
     check_shape,
     check_tensor,
 )
-from fast.kernels.add_rmsnorm import MAX_HIDDEN, _num_warps_for
+from fast.kernels.add_rmsnorm import MAX_HIDDEN, _num_warps_for, add_then_normalise
 from fast.kernels.pdl import wait_then_release
 
 # One program per row, and all of them resident at once (see the barrier above).
@@ -137,16 +137,11 @@ def _all_reduce_add_rmsnorm_kernel(
     if HAS_BIAS:
         values = (values + tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
 
-    # The residual add + RMSNorm of fast/kernels/add_rmsnorm.py, unchanged.
-    residual = tl.load(residual_ptr + row * residual_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    summed = (values + residual).to(residual_out_ptr.dtype.element_ty)
-    tl.store(residual_out_ptr + row * residual_out_row_stride + cols, summed, mask=mask)
-    values = summed.to(tl.float32)
-    mean_square = tl.sum(values * values, axis=0) / hidden
-    inverse_rms = 1.0 / tl.sqrt(mean_square + eps)
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    out = values * inverse_rms * weight
-    tl.store(out_ptr + row * out_row_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    # The residual add + RMSNorm of fast/kernels/add_rmsnorm.py, the same code.
+    add_then_normalise(
+        values, row, cols, mask, residual_ptr, residual_row_stride, residual_out_ptr, residual_out_row_stride,
+        weight_ptr, out_ptr, out_row_stride, hidden, eps, True,
+    )  # fmt: skip
 
 
 def all_reduce_add_rmsnorm(
