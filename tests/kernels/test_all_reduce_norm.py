@@ -311,3 +311,62 @@ def test_ranks_on_streams_of_one_gpu_equal_the_unfused_sequence(world: int) -> N
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (symmetric memory takes one rank per GPU)")
 def test_two_ranks_on_two_gpus_equal_the_unfused_sequence() -> None:
     _assert_all_equal(_run_children("processes", 2, 2), len(_eager_cases()) + GRAPH_REPLAYS)
+
+
+# ----------------------------------------------------------------------------- fast.parallel's use of it
+
+
+def _fused_on_one_rank(max_bytes: int, dtype: torch.dtype = torch.float32):  # noqa: ANN202
+    """fast.parallel.FusedAllReduceNorm over a plain buffer and pad standing in for symmetric memory."""
+    from types import SimpleNamespace
+
+    from fast.parallel import SYMMETRIC_AREAS, FusedAllReduceNorm, OneShotAllReduce
+
+    buffer = torch.zeros(SYMMETRIC_AREAS * max_bytes // dtype.itemsize, dtype=dtype, device=DEVICE)
+    pad = torch.zeros(MAX_ROWS, dtype=torch.int32, device=DEVICE)
+    handle = SimpleNamespace(  # it keeps the pad alive: the kernel sees only its address
+        buffer_ptrs=[buffer.data_ptr()], signal_pad_ptrs=[pad.data_ptr()], signal_pad_size=pad.numel() * 4, pad=pad
+    )
+    one_shot = OneShotAllReduce(buffer, handle, "unused", max_bytes)
+    return FusedAllReduceNorm(one_shot, rank=0, world_size=1), buffer, handle
+
+
+def test_the_collectives_stage_each_region_after_the_one_shot_area() -> None:
+    """Area 0 is torch's one-shot staging; ATTENTION_REGION and MLP_REGION are areas 1 and 2."""
+    from fast.parallel import ATTENTION_REGION, MLP_REGION
+
+    fused, buffer, _ = _fused_on_one_rank(max_bytes=256 * 4)
+    region_numel = 256  # fp32
+    weight = _randn(9, 8, dtype=torch.float32, device=DEVICE)
+    for region, seed in ((ATTENTION_REGION, 10), (MLP_REGION, 20)):
+        term = _randn(seed, 2, 8, dtype=torch.float32, device=DEVICE)
+        residual = _randn(seed + 1, 2, 8, dtype=torch.float32, device=DEVICE)
+        got = fused(term, None, residual, weight, EPS, region, False)
+        assert all(map(torch.equal, got, _unfused([term], None, residual, weight)))
+        start = (1 + region) * region_numel
+        assert torch.equal(buffer[start : start + 16].view(2, 8), term)
+    assert not buffer[:region_numel].any(), "the one-shot path's area is left alone"
+    assert fused.probe(ATTENTION_REGION) and fused.probe(MLP_REGION)
+    with pytest.raises(ValueError, match="region must be ATTENTION_REGION or MLP_REGION"):
+        fused(term, None, residual, weight, EPS, 2, False)
+
+
+def test_the_collectives_take_the_fused_kernel_only_for_what_fits() -> None:
+    fused, _, _ = _fused_on_one_rank(max_bytes=256 * 4)
+    assert fused.fits(torch.zeros(2, 8, device=DEVICE))
+    assert not fused.fits(torch.zeros(2, 8, dtype=torch.float16, device=DEVICE)), "another dtype"
+    assert not fused.fits(torch.zeros(5, 64, device=DEVICE)), "more than the region holds"
+    assert not fused.fits(torch.zeros(16, 8, device=DEVICE).t()), "columns not contiguous"
+
+
+def test_the_collectives_refuse_a_handle_that_disagrees_with_the_buffer() -> None:
+    from fast.parallel import FusedAllReduceNorm, OneShotAllReduce
+
+    _, buffer, handle = _fused_on_one_rank(max_bytes=256 * 4)
+    handle.buffer_ptrs = [buffer.data_ptr() + 4]
+    one_shot = OneShotAllReduce(buffer, handle, "unused", 256 * 4)
+    with pytest.raises(RuntimeError, match="does not start where its handle says"):
+        FusedAllReduceNorm(one_shot, rank=0, world_size=1)
+    handle.buffer_ptrs, handle.signal_pad_size = [buffer.data_ptr()], 16
+    with pytest.raises(RuntimeError, match="the signal pads hold 16 bytes"):
+        FusedAllReduceNorm(one_shot, rank=0, world_size=1)
