@@ -43,7 +43,7 @@ class EngineConfig:
         between steps, of a request in the plan made ahead (fast.scheduler.Scheduler.drop_from_plan)
         and a request added while a step is launched ahead (it joins the step after that one).
         The reference engine ignores it.
-    programmatic_dependent_launch: the fast engine's Triton kernels start while the one before ends (sm90+).
+    programmatic_dependent_launch: Triton kernels start as the one before ends; None: where supported (sm90+).
         None (the default): on wherever the device supports it (CUDA, compute capability 9.0 or
         newer, a Triton with griddepcontrol); True: required (else a ConfigError at start); False:
         off. Each kernel waits for its predecessor's results before touching memory, so outputs
