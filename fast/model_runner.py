@@ -59,6 +59,16 @@ class PreparedStep:
     num_sequences: int
 
 
+def device_settings(
+    engine_config: EngineConfig, model_config: ModelConfig, device: torch.device, num_blocks: int | None = None
+) -> EngineConfig:
+    """engine_config resolved for the model (EngineConfig.resolved) and for the device: programmatic
+    dependent launch as the device allows (None becomes True or False; True where it cannot run is a
+    ConfigError)."""
+    pdl = resolve_pdl(engine_config.programmatic_dependent_launch, device)
+    return replace(engine_config.resolved(model_config, num_blocks), programmatic_dependent_launch=pdl)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -84,9 +94,10 @@ class ModelRunner:
             self.collectives = Collectives(
                 groups, dtype, model_config.vocab_size, allow_one_shot, engine_config.fused_all_reduce_norm
             )
-        settings = engine_config.resolved(model_config)  # its pool size is provisional until measured
-        # ConfigError where it was asked for and cannot run, before anything is built.
-        pdl = resolve_pdl(settings.programmatic_dependent_launch, device)
+        # Its pool size is provisional until measured; a ConfigError for PDL asked for and impossible
+        # comes here, before anything is built.
+        settings = device_settings(engine_config, model_config, device)
+        pdl = settings.programmatic_dependent_launch
         self.block_size = settings.block_size
         self.max_blocks_per_seq = triton.cdiv(settings.model_len, settings.block_size)
         # Every sequence in a step brings at least one token, and at most max_num_seqs run.
@@ -112,10 +123,7 @@ class ModelRunner:
             settings.batch_invariant,
             pdl=pdl,
         )
-        self.config = replace(
-            engine_config.resolved(model_config, self._pool_blocks(engine_config, settings)),
-            programmatic_dependent_launch=pdl,  # as resolved on this device (None asks for "where supported")
-        )
+        self.config = device_settings(engine_config, model_config, device, self._pool_blocks(engine_config, settings))
         self.cache = self._make_cache(self.config.pool_blocks)
         self.inputs = InputBatch(
             settings.max_num_batched_tokens,

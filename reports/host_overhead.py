@@ -45,7 +45,7 @@ import pstats
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -53,8 +53,7 @@ import torch
 from fast.cuda_graphs import DecodeGraphs
 from fast.engine import FastEngine
 from fast.input_batch import InputBatch, SequenceInput
-from fast.kernels.pdl import resolve_pdl
-from fast.model_runner import PreparedStep
+from fast.model_runner import PreparedStep, device_settings
 from fast.sampler import Sampler
 from reports.bench import json_saver
 from reports.bench_device import REPOSITORY_ROOT, git_commit, git_has_uncommitted_changes
@@ -93,9 +92,7 @@ class StubRunner:
 
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, vocab_size: int) -> None:
         self.device = torch.device("cpu")
-        # As ModelRunner resolves it: programmatic dependent launch as this device allows.
-        pdl = resolve_pdl(engine_config.programmatic_dependent_launch, self.device)
-        self.config = replace(engine_config.resolved(model_config), programmatic_dependent_launch=pdl)
+        self.config = device_settings(engine_config, model_config, self.device)  # as ModelRunner resolves it
         config = self.config
         self.max_step_seqs = min(config.max_num_seqs, config.max_num_batched_tokens)
         self.inputs = InputBatch(

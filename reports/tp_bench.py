@@ -127,7 +127,6 @@ def _all_reduce_worker(
 ) -> None:
     import torch.distributed as dist
 
-    from fast.kernels.add_rmsnorm import add_rmsnorm
     from fast.parallel import FUSED, ONE_SHOT, Collectives, init_process_groups
 
     device = torch.device("cuda", rank)
@@ -158,7 +157,7 @@ def _all_reduce_worker(
         entry: dict[str, object] = {"message_bytes": probe.numel() * probe.element_size()}
         for name, reduce in paths.items():
             entry[name] = _time_chain(reduce, probe, calls, device)
-        norm_paths = {name: _then_add_rmsnorm(reduce, add_rmsnorm) for name, reduce in paths.items()}
+        norm_paths = {name: _then_add_rmsnorm(reduce) for name, reduce in paths.items()}
         if collectives.fused is not None and collectives.fused.fits(probe):
             norm_paths[FUSED] = partial(collectives.fused, bias=None, eps=1e-6, pdl=False)
         entry["with_add_rmsnorm"] = {
@@ -179,7 +178,9 @@ def _all_reduce_worker(
     groups.destroy()
 
 
-def _then_add_rmsnorm(reduce: Callable[[torch.Tensor], torch.Tensor], add_rmsnorm: Callable) -> Callable:
+def _then_add_rmsnorm(reduce: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    from fast.kernels.add_rmsnorm import add_rmsnorm
+
     def reduce_norm(term: torch.Tensor, *, residual: torch.Tensor, weight: torch.Tensor, region: int):
         return add_rmsnorm(reduce(term), residual, weight, 1e-6)
 
