@@ -14,7 +14,8 @@ their all-reduces inside. Marker `gpu`; skipped unless at least 2 GPUs are visib
   The same for the fused all-reduce + add + RMSNorm kernel, with async scheduling and PDL.
 * bf16, qwen3-8b shape: 2 ranks against the reference by the spec's near-tie rule.
 * A worker killed mid-generation: rank 0 raises TensorParallelError within a bounded time and no
-  process is left. Run in a subprocess, so a hang fails the test instead of stalling the run.
+  process is left; also with the fused kernel, whose barrier wait no NCCL abort ends (its own timeout
+  must). Run in a subprocess, so a hang fails the test instead of stalling the run.
 
 Random checkpoints are written once (reports.tp_bench.random_checkpoint; $TWINFER_CHECKPOINT_DIR).
 Measurements go to $TWINFER_RESULTS_DIR as JSON when it is set.
@@ -259,9 +260,12 @@ from fast.parallel import TensorParallelError
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
 
-config = EngineConfig(block_size=16, num_blocks=1024, max_model_len=4096, tensor_parallel_size=2)
+config = EngineConfig(
+    block_size=16, num_blocks=1024, max_model_len=4096, tensor_parallel_size=2, **json.loads(sys.argv[2])
+)
 engine = FastEngine.from_pretrained(sys.argv[1], config, "float32", "cuda")
 pid = engine.tensor_parallel.workers.pids[0]
+paths = engine.tensor_parallel_info()
 engine.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
 killed = {}
 
@@ -274,7 +278,8 @@ try:
     engine.generate([[7] * 50] * 8, SamplingParams(temperature=0.0, max_tokens=3000, ignore_eos=True))
     print("NOT RAISED")
 except TensorParallelError as error:
-    print("RAISED " + json.dumps({"seconds_after_kill": time.monotonic() - killed["at"], "message": str(error)}))
+    seconds = time.monotonic() - killed["at"]
+    print("RAISED " + json.dumps({"seconds_after_kill": seconds, "message": str(error), "paths": paths}))
 engine.shutdown()
 try:
     os.kill(pid, 0)
@@ -284,12 +289,18 @@ except ProcessLookupError:
 """
 
 
-def test_a_worker_killed_mid_generation_makes_rank_0_raise(small_checkpoint: Path) -> None:
-    stdout = _run_script(_KILL_SCRIPT, str(small_checkpoint))
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused_all_reduce_norm"])
+def test_a_worker_killed_mid_generation_makes_rank_0_raise(small_checkpoint: Path, fused: bool) -> None:
+    """fused: rank 0 may be waiting inside the fused kernel's barrier, which no NCCL abort reaches; its
+    bounded wait (fast/kernels/all_reduce_norm.py, BARRIER_TIMEOUT_S = 30 s) must end it."""
+    settings = {"fused_all_reduce_norm": True, "async_scheduling": True} if fused else {}
+    stdout = _run_script(_KILL_SCRIPT, str(small_checkpoint), json.dumps(settings))
     raised = [line for line in stdout.splitlines() if line.startswith("RAISED ")]
     assert raised, stdout
     outcome = json.loads(raised[0][7:])
-    record("tp2_killed_worker", outcome)
+    record("tp2_killed_worker" + ("_fused" if fused else ""), outcome)
+    if fused:
+        assert outcome["paths"]["fused_all_reduce_add_rmsnorm"] == "on", outcome
     assert "killed by SIGKILL" in outcome["message"]
     assert outcome["seconds_after_kill"] < 60
     assert "WORKER GONE" in stdout

@@ -47,6 +47,14 @@ order), so nobody can still be reading the region.
 Every program must be resident at once for the barrier to make progress (program r waits only for
 program r of its peers, but a GPU that runs them in another order must not starve): rows is at most
 MAX_ROWS, well under the number of SMs.
+
+A bounded wait: a peer that never arrives (its process was killed mid-step) would leave this kernel
+spinning, and the host waiting on it, forever; no NCCL abort reaches a Triton kernel. So on a GPU every
+wait for a flag gives up after `barrier_timeout_s` (read from %globaltimer) and executes `trap`: the
+kernel fails, the CUDA context reports the error at the host's next synchronisation, and the engine
+turns it into its tensor-parallel error (fast.tp_launch). The timeout is far above any skew between
+live ranks (a rank compiling a kernel the others already have takes seconds). Triton's interpreter runs
+no PTX, so there the wait is unbounded: on the CPU only one rank ever calls the kernel.
 """
 
 from __future__ import annotations
@@ -68,28 +76,47 @@ from fast.kernels.pdl import wait_then_release
 
 # One program per row, and all of them resident at once (see the barrier above).
 MAX_ROWS = 64
+# How long a program waits at the barrier for a peer before it traps (see "A bounded wait" above).
+BARRIER_TIMEOUT_S = 30.0
 
 
 @triton.jit
-def _raise_then_wait(signal_pad_ptrs, slot_base, rank, WORLD: tl.constexpr):
+def _trap():
+    """End the kernel with an error the host sees at its next synchronisation."""
+    tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _swap_flag(flag, expected, desired, deadline_ns, SEM: tl.constexpr, BOUNDED: tl.constexpr):
+    """Set the flag from `expected` to `desired` once it holds `expected`, waiting as long as it takes
+    (BOUNDED: until the %globaltimer passes deadline_ns, then trap)."""
+    while tl.atomic_cas(flag, expected, desired, sem=SEM, scope="sys") != expected:
+        if BOUNDED:
+            if tl.extra.cuda.globaltimer() > deadline_ns:
+                _trap()
+
+
+@triton.jit
+def _raise_then_wait(signal_pad_ptrs, slot_base, rank, timeout_ns, WORLD: tl.constexpr, BOUNDED: tl.constexpr):
     """Barrier of this program with the programs of the same row on every rank (see the module doc).
     Scalar atomics run once per program, and their result reaches every thread."""
+    deadline_ns = timeout_ns
+    if BOUNDED:
+        deadline_ns += tl.extra.cuda.globaltimer()
     tl.debug_barrier()  # every thread's copy into the buffer precedes the release below
     for peer in tl.static_range(WORLD):
         pad = tl.load(signal_pad_ptrs + peer).to(tl.pointer_type(tl.int32))
-        while tl.atomic_cas(pad + slot_base + rank, 0, 1, sem="release", scope="sys") != 0:
-            pass
+        _swap_flag(pad + slot_base + rank, 0, 1, deadline_ns, "release", BOUNDED)
     own_pad = tl.load(signal_pad_ptrs + rank).to(tl.pointer_type(tl.int32))
     for peer in tl.static_range(WORLD):
-        while tl.atomic_cas(own_pad + slot_base + peer, 1, 0, sem="acquire", scope="sys") != 1:
-            pass
+        _swap_flag(own_pad + slot_base + peer, 1, 0, deadline_ns, "acquire", BOUNDED)
     tl.debug_barrier()  # the acquire above precedes every thread's reads of the peers' rows
 
 
 # `rank` is neither a constexpr nor specialised (Triton would make rank 1 a constant): one compiled
 # kernel serves every rank. Where ranks share a GPU (the tests' streams), a rank loading a second
 # module while another rank's kernel waits at the barrier could wait for that kernel to end.
-@triton.jit(do_not_specialize=["rank"])
+@triton.jit(do_not_specialize=["rank", "timeout_ns"])
 def _all_reduce_add_rmsnorm_kernel(
     buffer_ptrs,  # int64 [WORLD]: each rank's symmetric buffer, as mapped in this process
     signal_pad_ptrs,  # int64 [WORLD]: each rank's signal pad
@@ -107,7 +134,9 @@ def _all_reduce_add_rmsnorm_kernel(
     hidden,
     eps,
     rank,
+    timeout_ns,  # int64: how long the barrier waits for a peer (BOUNDED only)
     WORLD: tl.constexpr,
+    BOUNDED: tl.constexpr,  # False in Triton's interpreter, which runs no PTX
     HAS_BIAS: tl.constexpr,
     BLOCK_HIDDEN: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -126,7 +155,7 @@ def _all_reduce_add_rmsnorm_kernel(
     tl.store(own_buffer + staged, term, mask=mask)
 
     # 2. Meet the same row's program on every rank.
-    _raise_then_wait(signal_pad_ptrs, row * WORLD, rank, WORLD)
+    _raise_then_wait(signal_pad_ptrs, row * WORLD, rank, timeout_ns, WORLD, BOUNDED)
 
     # 3. Sum every rank's term in rank order (".cv": read the peer's memory afresh, never a cached line).
     total = tl.zeros([BLOCK_HIDDEN], dtype=tl.float32)
@@ -160,12 +189,15 @@ def all_reduce_add_rmsnorm(
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
     pdl: bool = False,
+    barrier_timeout_s: float = BARRIER_TIMEOUT_S,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rmsnorm(sum_ranks(partial) + bias + residual) * weight, sum_ranks(partial) + bias + residual).
 
     Every rank calls it with the same shapes and region (a collective). The region
     [region_offset, region_offset + rows * hidden) of every rank's buffer must lie in the region
     of region_numel elements the caller set aside; out/residual_out may alias partial/residual.
+    barrier_timeout_s: on a GPU, a peer that has not arrived at the barrier after this long makes the
+    kernel trap (a CUDA error at the host's next synchronisation) instead of waiting forever.
     """
     check_tensor("partial", partial, ndim=2, dtypes=FLOAT_DTYPES)
     rows, hidden = partial.shape
@@ -192,6 +224,8 @@ def all_reduce_add_rmsnorm(
         raise ValueError(f"eps must be a positive float, got {eps!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if isinstance(barrier_timeout_s, bool) or not isinstance(barrier_timeout_s, (int, float)) or barrier_timeout_s <= 0:
+        raise ValueError(f"barrier_timeout_s must be a positive number of seconds, got {barrier_timeout_s!r}")
     for name, pointers in (("buffer_ptrs", buffer_ptrs), ("signal_pad_ptrs", signal_pad_ptrs)):
         check_tensor(name, pointers, ndim=1, dtypes=(torch.int64,))
         check_shape(name, pointers, (world_size,))
@@ -227,7 +261,9 @@ def all_reduce_add_rmsnorm(
         hidden,
         eps,
         rank,
+        int(barrier_timeout_s * 1e9),
         WORLD=world_size,
+        BOUNDED=partial.is_cuda,
         HAS_BIAS=bias is not None,
         BLOCK_HIDDEN=block_hidden,
         USE_PDL=pdl,

@@ -6,7 +6,8 @@ rank's buffer and signal pad a plain allocation of that GPU (the barrier and the
 same code; only NVLink is missing). Two ranks on two GPUs: two processes over PyTorch's symmetric
 memory, as the engine runs it (it refuses two ranks' allocations on one GPU). Every result is
 compared, bit for bit, with the unfused sequence computed locally: sum in rank order in fp32 and
-round, add the bias, add_rmsnorm.
+round, add the bias, add_rmsnorm. On one GPU also the bounded wait: a peer that never arrives makes the
+kernel trap after its timeout, a late one within it does not.
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ def test_arguments_are_checked_by_name() -> None:
         call(rank=1)
     with pytest.raises(TypeError, match="signal_pad_ptrs must have dtype"):
         call(signal_pad_ptrs=pointers["signal_pad_ptrs"].to(torch.int32))
+    for timeout in (0, -1.0, True, "30"):
+        with pytest.raises(ValueError, match="barrier_timeout_s must be a positive number of seconds"):
+            call(barrier_timeout_s=timeout)
 
 
 # ----------------------------------------------------------------------------- several ranks on CUDA
@@ -260,10 +264,46 @@ def _processes_check(rank: int, world: int) -> dict[str, int]:
     return report
 
 
+def _peer_check(delay_s: float | None, timeout_s: float) -> dict[str, object]:
+    """Rank 0 of two on one GPU calls the kernel; rank 1 calls it delay_s later on another stream (None:
+    never). Reports whether the host's wait raised, after how long, and the result's mismatches."""
+    import time
+
+    device, world, case = torch.device("cuda", 0), 2, Case(7, 3, 0, False)
+    buffers = [torch.zeros(REGION_NUMEL, dtype=DTYPE, device=device) for _ in range(world)]
+    pads = [torch.zeros(MAX_ROWS * world, dtype=torch.int32, device=device) for _ in range(world)]
+    buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64, device=device)
+    pad_ptrs = torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64, device=device)
+    values = [case.inputs(q, world, device) for q in range(world)]
+    streams = [torch.cuda.Stream(device) for _ in range(world)]
+    torch.cuda.synchronize(device)
+    started = time.monotonic()
+    results = []
+    try:
+        for q in range(world if delay_s is not None else 1):
+            if q:
+                time.sleep(delay_s)  # rank 0's kernel is waiting at the barrier meanwhile
+            with torch.cuda.stream(streams[q]):
+                results.append(all_reduce_add_rmsnorm(
+                    values[q]["partial"], None, values[q]["residual"], values[q]["weight"], EPS,
+                    buffer_ptrs=buffer_ptrs, signal_pad_ptrs=pad_ptrs, region_offset=0, region_numel=REGION_NUMEL,
+                    rank=q, world_size=world, out=values[q]["out"], residual_out=values[q]["residual_out"],
+                    barrier_timeout_s=timeout_s,
+                ))  # fmt: skip
+        torch.cuda.synchronize(device)
+    except RuntimeError as error:
+        return {"raised": str(error), "seconds": time.monotonic() - started}
+    mismatches = sum(_mismatches(results[q], values[q]) for q in range(world))
+    return {"raised": None, "seconds": time.monotonic() - started, "mismatches": mismatches}
+
+
 def _child(kind: str, rank: int, world: int, port: int, results) -> None:  # noqa: ANN001
     try:
         if kind == "streams":
             results.put((rank, _streams_check(world)))
+            return
+        if kind in ("absent peer", "late peer"):
+            results.put((rank, _peer_check(None, 0.5) if kind == "absent peer" else _peer_check(1.0, 10.0)))
             return
         os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
         torch.cuda.set_device(rank)
@@ -305,6 +345,26 @@ def _assert_all_equal(reports: dict[int, object], expected_checks: int) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_ranks_on_streams_of_one_gpu_equal_the_unfused_sequence(world: int) -> None:
     _assert_all_equal(_run_children("streams", 1, world), len(_eager_cases()) + GRAPH_REPLAYS)
+
+
+@pytest.mark.gpu
+def test_a_peer_that_never_arrives_makes_the_kernel_fail_instead_of_waiting_forever() -> None:
+    """A killed rank's peers must not spin at the barrier for ever: after barrier_timeout_s (0.5 s here)
+    the kernel traps, and the host's synchronisation raises (in a child: the CUDA context is lost)."""
+    outcome = _run_children("absent peer", 1, 2)[0]
+    assert isinstance(outcome, dict), outcome
+    assert outcome["raised"] is not None, outcome
+    assert "CUDA" in outcome["raised"] or "launch" in outcome["raised"], outcome
+    assert 0.5 <= outcome["seconds"] < 10, outcome
+
+
+@pytest.mark.gpu
+def test_a_late_peer_within_the_timeout_still_meets_the_barrier() -> None:
+    """Rank 1 arrives 1 s after rank 0 started waiting (timeout 10 s): no trap, and the exact sums."""
+    outcome = _run_children("late peer", 1, 2)[0]
+    assert isinstance(outcome, dict), outcome
+    assert outcome["raised"] is None, outcome
+    assert outcome["seconds"] >= 1.0 and outcome["mismatches"] == 0, outcome
 
 
 @pytest.mark.gpu
