@@ -1,0 +1,91 @@
+"""How the decode kernel's cost depends on max_seq_len (the split count) at a fixed context length.
+
+The split kernel's grid is (num_seqs, num_kv_heads, cdiv(max_seq_len, split_size)); splits past a
+sequence's length return at once. This times decode_attention at the engine's split sizes for
+max_seq_len 2048 (the benchmarks' --max-model-len) and 40960 (Qwen3's max_position_embeddings, the
+default), each call replayed from a CUDA graph of CALLS back-to-back calls (H200, bf16).
+
+    python -m reports.decode_splits_bench --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from fast.kernels.decode_attention import decode_attention, decode_workspace
+
+CALLS, REPLAYS = 20, 30
+
+
+def time_case(num_seqs: int, context: int, max_seq_len: int, split_size: int, heads: tuple[int, int]) -> float:
+    """Median microseconds per call."""
+    num_q_heads, num_kv_heads = heads
+    head_dim, block_size, device = 128, 16, torch.device("cuda")
+    blocks_per_seq = max_seq_len // block_size
+    num_blocks = num_seqs * (context // block_size + 1) + 1
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=torch.bfloat16, device=device)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.zeros(num_seqs, blocks_per_seq, dtype=torch.int32, device=device)
+    used = context // block_size + 1
+    for s in range(num_seqs):
+        tables[s, :used] = torch.arange(s * used, (s + 1) * used, dtype=torch.int32)
+    seq_lens = torch.full((num_seqs,), context, dtype=torch.int32, device=device)
+    q = torch.randn(num_seqs, num_q_heads, head_dim, dtype=torch.bfloat16, device=device)
+    out = torch.empty_like(q)
+    workspace = decode_workspace(num_seqs, num_q_heads, -(-max_seq_len // split_size), head_dim, device)
+
+    def call() -> None:
+        decode_attention(q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5, max_seq_len,
+                         split_size=split_size, out=out, workspace=workspace)  # fmt: skip
+
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            call()
+    samples = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000 / CALLS)
+    return statistics.median(samples[3:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args()
+    rows = []
+    for heads, name in (((16, 8), "qwen3-0.6b"), ((16, 4), "qwen3-8b rank share of 2")):
+        for num_seqs in (1, 8, 64):
+            for context in (600, 4096):
+                for split_size in (128,):
+                    for max_seq_len in (2048, 8192, 40960):
+                        if context > max_seq_len:
+                            continue
+                        us = time_case(num_seqs, context, max_seq_len, split_size, heads)
+                        rows.append(
+                            {
+                                "heads": name,
+                                "num_seqs": num_seqs,
+                                "context": context,
+                                "split_size": split_size,
+                                "max_seq_len": max_seq_len,
+                                "us_per_call": us,
+                            }
+                        )
+                        print(json.dumps(rows[-1]), flush=True)
+    with open(args.json, "w") as handle:
+        json.dump({"device": torch.cuda.get_device_name(), "calls_per_graph": CALLS, "rows": rows}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
