@@ -9,19 +9,28 @@ Layout:
     out                [num_seqs, num_q_heads, head_dim] in q's dtype
 
 Flash-decoding in two launches:
-  1. `_decode_split_kernel`, grid (num_seqs, num_kv_heads, num_splits): each program takes
-     one KV head of one sequence over one split of `split_size` keys, and ALL the query
-     heads that share that KV head (the GQA group, e.g. 32 q / 8 kv -> 4 heads, padded to 16
-     rows so `tl.dot` runs on tensor cores). K and V of the split are read once. It writes
-     the split's normalised partial output and its log-sum-exp into fp32 workspaces.
+  1. `_decode_split_kernel`, grid (num_seqs, num_kv_heads, grid_splits): each program takes
+     one KV head of one sequence and ALL the query heads that share that KV head (the GQA
+     group, e.g. 32 q / 8 kv -> 4 heads, padded to 16 rows so `tl.dot` runs on tensor cores),
+     over the splits of `split_size` keys p, p + grid_splits, p + 2 * grid_splits, ... that the
+     sequence has (program p of the split axis). K and V of a split are read once. It writes
+     each split's normalised partial output and its log-sum-exp into fp32 workspaces.
   2. `_decode_reduce_kernel`, grid (num_seqs, num_q_heads): rescales the sequence's splits'
      partial outputs by exp(lse_split - lse_max), sums them and divides by the weights' sum.
 
 The number of splits comes from `max_seq_len`, a host-known bound (e.g. the model's
 maximum context), never from seq_lens' values: no device sync, and the launch shapes stay
-fixed, so the wrapper can be captured in a CUDA graph. Splits that start past a sequence's
-length return at once and write nothing; the reduction reads only the cdiv(seq_len, split_size)
-splits a sequence has, so neither kernel's memory traffic grows with max_seq_len.
+fixed, so the wrapper can be captured in a CUDA graph. A program visits only the splits its
+sequence has (cdiv(seq_len, split_size)) and the reduction reads only those, so neither
+kernel's work grows with max_seq_len.
+
+Why the split axis of the grid is not num_splits: one program per split made the grid grow
+with max_seq_len, and the programs of splits past a sequence's length, which return at once,
+were not free. On an H200 (reports/results/kernels/decode_splits_9613ba5/), 64 sequences of 600
+keys took 53 us a call with max_seq_len 2048 and 147 us with 40,960 (Qwen3's default context):
+327,680 programs, 98% of them empty. grid_splits comes from host ints (the batch, the KV heads,
+the SM count), enough programs to fill the GPU; which program computes a split does not change
+its arithmetic, so the result is the same bits for every grid_splits.
 """
 
 from __future__ import annotations
@@ -41,6 +50,10 @@ from fast.kernels._checks import (
 from fast.kernels.pdl import wait_then_release
 
 _LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); the kernels use exp2
+# The split kernel's grid aims at this many programs per SM (_grid_splits): at 64 sequences x 8 KV heads
+# and 132 SMs that is 2 programs per (sequence, KV head), at batch 1 all the splits a context of up to
+# 66 x split_size keys has, side by side.
+GRID_PROGRAMS_PER_SM = 4
 # Splits the reduction reads per iteration: a [16, head_dim] fp32 tile stays in registers however
 # many splits max_seq_len allows (a 40,960-token context at 128-key splits has 320).
 _REDUCE_BLOCK_SPLITS = 16
@@ -73,15 +86,14 @@ def _decode_split_kernel(
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    first_split = tl.program_id(2)
+    grid_splits = tl.num_programs(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-
-    # Keys [split_start, split_end) of this sequence: split_size=512, seq_len=1300 ->
-    # split 0: 0..511, split 1: 512..1023, split 2: 1024..1299, split 3+: empty.
-    split_start = split * split_size
-    if split_start >= seq_len:
-        return  # an empty split writes nothing: the reduction reads only the sequence's own splits
-    split_end = tl.minimum(split_start + split_size, seq_len)
+    # The sequence's splits: split_size=512, seq_len=1300 -> splits 0..2 (keys 0..511,
+    # 512..1023, 1024..1299). With grid_splits=2, program 0 takes splits 0 and 2, program 1
+    # split 1; splits 3+ are empty, visited by no program and never written (the reduction
+    # reads only the sequence's own splits).
+    num_used = tl.cdiv(seq_len, split_size)
 
     # Query rows: the group's heads kv_head*group_size + g for g < group_size; rows
     # g >= group_size are padding (zeros in, never stored). 4 heads per group -> rows 0..3
@@ -95,6 +107,45 @@ def _decode_split_kernel(
         mask=row_valid[:, None],
         other=0.0,
     )
+    for split in range(first_split, num_used, grid_splits):
+        _attend_split(
+            q, q_heads, row_valid, dims, seq, kv_head, split, seq_len, k_cache_ptr, v_cache_ptr, block_tables_ptr,
+            partial_out_ptr, partial_lse_ptr, block_table_stride, num_kv_heads, group_size, split_size, num_splits,
+            scale_log2, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
+
+
+@triton.jit
+def _attend_split(
+    q,
+    q_heads,
+    row_valid,
+    dims,
+    seq,
+    kv_head,
+    split,
+    seq_len,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    block_table_stride,
+    num_kv_heads,
+    group_size,
+    split_size,
+    num_splits,
+    scale_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One split of one sequence and KV head (q [BLOCK_GROUP, HEAD_DIM], its group's rows): keys
+    [split * split_size, min((split + 1) * split_size, seq_len)), at least one of them."""
+    split_start = split * split_size
+    split_end = tl.minimum(split_start + split_size, seq_len)
 
     # Running softmax state in base 2 (exp2 is cheaper than exp): scores are pre-multiplied by
     # scale * log2(e).
@@ -129,7 +180,7 @@ def _decode_split_kernel(
         acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
         row_max = new_max
 
-    # Every split that gets here holds at least one key, so row_sum >= 1 (its max term is exp2(0)).
+    # Every split holds at least one key, so row_sum >= 1 (its max term is exp2(0)).
     lse = row_max + tl.log2(row_sum)
     partial = acc / row_sum[:, None]
 
@@ -199,13 +250,20 @@ def _default_tiles(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
     return block_n, 4, num_stages
 
 
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _grid_splits(num_seqs: int, num_kv_heads: int, num_splits: int, device: torch.device) -> int:
+    """Programs along the split axis: about GRID_PROGRAMS_PER_SM programs per SM in all (each then
+    takes every grid_splits-th split of its sequence), never more than there are splits. Host ints only."""
+    wanted = triton.cdiv(GRID_PROGRAMS_PER_SM * _num_sms(device), max(1, num_seqs * num_kv_heads))
+    return max(1, min(num_splits, wanted))
+
+
 def _default_split_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
     """Pick a split so that the grid has a few programs per SM, from host-known numbers only."""
-    if device.type == "cuda":
-        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        num_sms = 4
-    target_programs = 2 * num_sms
+    target_programs = 2 * _num_sms(device)
     programs_per_split = num_seqs * num_kv_heads
     wanted_splits = max(1, triton.cdiv(target_programs, programs_per_split))
     # Powers of two in [256, 4096]: below 256 keys the split's fixed costs (q load, partial
@@ -230,6 +288,7 @@ def decode_attention(
     out: torch.Tensor | None = None,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     pdl: bool = False,
+    grid_splits: int | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its paged cache; returns [num_seqs, num_q_heads, head_dim].
 
@@ -240,6 +299,8 @@ def decode_attention(
     workspace: (partial_out fp32 [>= num_seqs, num_q_heads, >= num_splits, head_dim],
         partial_lse fp32 [>= num_seqs, num_q_heads, >= num_splits]) owned by the caller, so that
         nothing is allocated per call (see `decode_workspace`); default: allocated here.
+    grid_splits: programs along the split axis (1..num_splits); default from the shapes and the SM
+        count. The result is the same bits for every value (tests pin it).
     Every seq_lens entry must be >= 1 and <= max_seq_len (not checked: it would need a sync).
     """
     q = check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
@@ -263,6 +324,11 @@ def decode_attention(
         split_size = _default_split_size(num_seqs, num_kv_heads, max_seq_len, q.device)
     check_power_of_two("split_size", split_size, low=block_n, high=1 << 20)
     num_splits = triton.cdiv(max_seq_len, split_size)
+    if grid_splits is None:
+        grid_splits = _grid_splits(num_seqs, num_kv_heads, num_splits, q.device)
+    check_positive_int("grid_splits", grid_splits)
+    if grid_splits > num_splits:
+        raise ValueError(f"grid_splits {grid_splits} exceeds the {num_splits} splits of max_seq_len {max_seq_len}")
 
     out = output_like("out", q, out)
     if num_seqs == 0:
@@ -272,7 +338,7 @@ def decode_attention(
     if workspace is None:
         workspace = decode_workspace(num_seqs, num_q_heads, num_splits, head_dim, q.device)
     partial_out, partial_lse = _workspace_views(workspace, num_seqs, num_q_heads, num_splits, head_dim)
-    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+    _decode_split_kernel[(num_seqs, num_kv_heads, grid_splits)](
         q,
         k_cache,
         v_cache,

@@ -165,6 +165,9 @@ def _valid_args() -> dict:
         ({"max_seq_len": 10_000}, ValueError, "max_seq_len"),
         ({"max_seq_len": 0}, ValueError, "max_seq_len"),
         ({"split_size": 24}, ValueError, "split_size"),
+        ({"split_size": 16, "block_n": 16, "grid_splits": 0}, ValueError, "grid_splits"),
+        ({"split_size": 16, "block_n": 16, "grid_splits": 3}, ValueError, "grid_splits 3 exceeds the 2 splits"),
+        ({"split_size": 16, "block_n": 16, "grid_splits": 1.0}, TypeError, "grid_splits"),
     ],
 )
 def test_decode_rejects_bad_arguments(change: dict, error: type[Exception], names: str) -> None:
@@ -204,3 +207,18 @@ def test_decode_small_head_dims(dtype: torch.dtype, head_dim: int) -> None:
         split_size=16,
         block_n=16,
     )
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_decode_result_is_the_same_bits_for_every_grid_split_count(dtype: torch.dtype) -> None:
+    """The split axis of the grid only decides which program computes which split (program p takes
+    splits p, p + grid_splits, ...): every count from 1 to num_splits gives the same bits. Sequences of
+    1, 2 and 5 splits of 16 keys in a grid made for 7 (max_seq_len 100)."""
+    generator = seeded_generator(11)
+    cache = build_paged_cache([70, 1, 33], 16, 2, 32, dtype, generator, spare_table_columns=3)
+    q = torch.randn((3, 4, 32), generator=generator).to(dtype).to(DEVICE)
+    args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125, 100)
+    results = [decode_attention(*args, split_size=16, block_n=16, grid_splits=g) for g in range(1, 8)]
+    for grid_splits, result in enumerate(results[1:], start=2):
+        assert torch.equal(result, results[0]), f"grid_splits={grid_splits}"
+    assert torch.equal(decode_attention(*args, split_size=16, block_n=16), results[0]), "the default count"
