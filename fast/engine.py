@@ -28,6 +28,7 @@ import torch
 from fast.input_batch import SequenceInput
 from fast.model_runner import ModelRunner, PreparedStep
 from fast.readback import HostTokens, TokenReadback
+from fast.row_upload import RowUpload
 from fast.sampler import Sampler, SamplerRow
 from fast.scheduler import Scheduler
 from fast.sharded_loading import CheckpointWeights, WeightSource
@@ -114,6 +115,8 @@ class FastEngine(ScheduledEngine):
         self._prepared: _PreparedAhead | None = None  # its inputs, loaded ahead
         self._in_flight: _LaunchedStep | None = None  # ... and launched ahead: the next step() concludes it
         self._readback = TokenReadback(runner.max_step_seqs, runner.device)
+        # Rows of a step's logits picked on the device (prompt-logprob steps): at most one per token.
+        self._logit_rows = RowUpload(runner.inputs.max_num_tokens, runner.device)
         self._init_requests()
 
     @classmethod
@@ -328,8 +331,7 @@ class FastEngine(ScheduledEngine):
         num_shared = len(sampling) if share and self.tensor_parallel is not None else 0
         logits = sample_logits = self.runner.launch(prepared, num_shared)
         if scored:  # the sampling rows among the scored ones
-            rows = torch.tensor([row for row, _ in sampling], dtype=torch.int64, device=self.device)
-            sample_logits = logits[rows]
+            sample_logits = logits[self._logit_rows.upload([row for row, _ in sampling])]
         if not sampling:
             return _LaunchedStep(plan, logits, sample_logits, sampling, scored, None, None)
         tokens = self.sampler.sample(sample_logits)
@@ -408,7 +410,7 @@ class FastEngine(ScheduledEngine):
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, scored: list[tuple[int, Request, int]]) -> None:
         """Logits row r (at prompt position p - 1) scores prompt token p."""
-        rows = torch.tensor([row for row, _, _ in scored], dtype=torch.int64, device=self.device)
+        rows = self._logit_rows.upload([row for row, _, _ in scored])
         targets = [request.prompt_token_ids[position] for _, request, position in scored]
         counts = [request.params.prompt_logprobs or 0 for _, request, _ in scored]
         entries = token_logprobs(logits[rows], targets, counts)

@@ -46,6 +46,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from fast.row_upload import RowUpload
+
 _C_INT_IS_32_BITS = array("i").itemsize == 4  # array typecode "i" is C int: int32 on every platform torch supports
 
 
@@ -110,9 +112,7 @@ class InputBatch:
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
         # Pending tokens (set_pending_tokens): P destination token rows then P source rows, back to back so
         # that one contiguous slice of the pinned buffer is copied (a strided one would be staged first).
-        self._pending_host = torch.zeros(2 * max_num_seqs, dtype=torch.int64, pin_memory=pin)
-        self._pending_rows = torch.zeros(2 * max_num_seqs, dtype=torch.int64, device=device)
-        self._pending_uploaded = torch.cuda.Event() if device.type == "cuda" else None
+        self._pending_rows = RowUpload(2 * max_num_seqs, device)
         self._pending_taken = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)  # gathered tokens
         self._num_pending = 0  # pending token rows of the step loaded last
         self._packed_words = 0  # words of the step loaded last (its packed section)
@@ -147,7 +147,7 @@ class InputBatch:
         after the packed section (P token rows, then P source rows); the words of `host` to send."""
         count = self._num_pending
         if count:
-            pairs = self._pending_host.numpy()[: 2 * count]
+            pairs = self._pending_rows.uploaded(2 * count)
             self._host_view[self._packed_words : self._packed_words + 2 * count] = pairs
         return self._packed_words + 2 * count
 
@@ -228,17 +228,9 @@ class InputBatch:
             return
         if count > self.max_num_seqs or len(source_rows) != count:
             raise ValueError(f"{count} pending token rows for {len(source_rows)} sources (at most {self.max_num_seqs})")
-        if self._pending_uploaded is not None:
-            self._pending_uploaded.synchronize()  # the previous step's rows: long copied
-        host = self._pending_host.numpy()
-        host[:count] = token_rows
-        host[count : 2 * count] = source_rows
-        rows = self._pending_rows[: 2 * count]
-        rows.copy_(self._pending_host[: 2 * count], non_blocking=True)
-        if self._pending_uploaded is not None:
-            self._pending_uploaded.record()
         if source.dtype != self.token_ids.dtype:
             raise TypeError(f"source must hold {self.token_ids.dtype} token ids, got {source.dtype}")
+        rows = self._pending_rows.upload(token_rows, source_rows)
         taken = self._pending_taken[:count]  # gathered into a buffer of the batch: nothing allocated per step
         torch.index_select(source, 0, rows[count:], out=taken)
         self.token_ids.index_copy_(0, rows[:count], taken)

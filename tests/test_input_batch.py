@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fast.input_batch import InputBatch, SequenceInput
+from fast.row_upload import RowUpload
 
 BLOCK_SIZE, PADDING_BLOCK = 16, 999
 
@@ -122,3 +123,19 @@ def test_pending_tokens_are_filled_in_from_the_sampled_tokens() -> None:
         batch.set_pending_tokens([4, 5], torch.tensor([70, 71, 72], dtype=torch.int32), [2, 0])
     batch.set_pending_tokens([5, 4], torch.tensor([80, 81, 82]), [1, 2])  # the gather buffer is reused
     assert batch.token_ids[: shape.num_tokens].tolist() == [11, 12, 13, 14, 82, 81]
+
+
+def test_row_upload_puts_the_parts_back_to_back_in_one_reused_buffer() -> None:
+    """fast.row_upload.RowUpload: the device view holds the parts in order; a later upload reuses the
+    same buffers (nothing allocated per call); the host copy of the last upload is readable; too many
+    rows are refused by name."""
+    upload = RowUpload(6, torch.device("cpu"))
+    first = upload.upload([3, 1], [7])
+    assert first.tolist() == [3, 1, 7] and first.dtype == torch.int64
+    second = upload.upload([5, 4, 2, 0])
+    assert second.tolist() == [5, 4, 2, 0]
+    assert second.data_ptr() == first.data_ptr(), "the same device buffer"
+    assert upload.uploaded(4).tolist() == [5, 4, 2, 0]
+    assert upload.upload().numel() == 0
+    with pytest.raises(ValueError, match="7 rows to upload; the buffer holds 6"):
+        upload.upload([0] * 4, [0] * 3)
