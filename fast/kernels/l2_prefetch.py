@@ -32,8 +32,14 @@ def _l2_prefetch_kernel(data_ptr, num_lines, LINES_PER_PROGRAM: tl.constexpr, LI
     lines = tl.program_id(0) * LINES_PER_PROGRAM + tl.arange(0, LINES_PER_PROGRAM)
     lines = tl.minimum(lines, num_lines - 1)
     addresses = data_ptr + lines.to(tl.int64) * LINE_BYTES  # data_ptr is a uint8 pointer: byte offsets
-    prefetch = "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;"
-    tl.inline_asm_elementwise(prefetch, "=r,l", [addresses], dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;",
+        "=r,l",
+        [addresses],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 def l2_prefetch(data: torch.Tensor) -> None:
