@@ -85,19 +85,66 @@ def _decode_split_kernel(
     BLOCK_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LOOP_SPLITS: tl.constexpr,  # grid_splits < num_splits: a program may take several splits
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     first_split = tl.program_id(2)
-    grid_splits = tl.num_programs(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     # The sequence's splits: split_size=512, seq_len=1300 -> splits 0..2 (keys 0..511,
     # 512..1023, 1024..1299). With grid_splits=2, program 0 takes splits 0 and 2, program 1
     # split 1; splits 3+ are empty, visited by no program and never written (the reduction
     # reads only the sequence's own splits).
     num_used = tl.cdiv(seq_len, split_size)
+    if LOOP_SPLITS:
+        for split in range(first_split, num_used, tl.num_programs(2)):
+            _attend_split(
+                q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, q_seq_stride,
+                q_head_stride, block_table_stride, num_kv_heads, group_size, split_size, num_splits, scale_log2,
+                seq, kv_head, split, seq_len, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, BLOCK_N, DOT_PRECISION,
+            )  # fmt: skip
+    else:  # one program per split (grid_splits == num_splits): no loop around the split's code
+        if first_split >= num_used:
+            return
+        _attend_split(
+            q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, q_seq_stride,
+            q_head_stride, block_table_stride, num_kv_heads, group_size, split_size, num_splits, scale_log2,
+            seq, kv_head, first_split, seq_len, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
+
+
+@triton.jit
+def _attend_split(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    q_seq_stride,
+    q_head_stride,
+    block_table_stride,
+    num_kv_heads,
+    group_size,
+    split_size,
+    num_splits,
+    scale_log2,
+    seq,
+    kv_head,
+    split,
+    seq_len,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One split of one sequence and KV head, for all the query heads of its group: keys
+    [split * split_size, min((split + 1) * split_size, seq_len)), at least one of them."""
+    split_start = split * split_size
+    split_end = tl.minimum(split_start + split_size, seq_len)
 
     # Query rows: the group's heads kv_head*group_size + g for g < group_size; rows
     # g >= group_size are padding (zeros in, never stored). 4 heads per group -> rows 0..3
@@ -111,45 +158,6 @@ def _decode_split_kernel(
         mask=row_valid[:, None],
         other=0.0,
     )
-    for split in range(first_split, num_used, grid_splits):
-        _attend_split(
-            q, q_heads, row_valid, dims, seq, kv_head, split, seq_len, k_cache_ptr, v_cache_ptr, block_tables_ptr,
-            partial_out_ptr, partial_lse_ptr, block_table_stride, num_kv_heads, group_size, split_size, num_splits,
-            scale_log2, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, BLOCK_N, DOT_PRECISION,
-        )  # fmt: skip
-
-
-@triton.jit
-def _attend_split(
-    q,
-    q_heads,
-    row_valid,
-    dims,
-    seq,
-    kv_head,
-    split,
-    seq_len,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_tables_ptr,
-    partial_out_ptr,
-    partial_lse_ptr,
-    block_table_stride,
-    num_kv_heads,
-    group_size,
-    split_size,
-    num_splits,
-    scale_log2,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_GROUP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """One split of one sequence and KV head (q [BLOCK_GROUP, HEAD_DIM], its group's rows): keys
-    [split * split_size, min((split + 1) * split_size, seq_len)), at least one of them."""
-    split_start = split * split_size
-    split_end = tl.minimum(split_start + split_size, seq_len)
 
     # Running softmax state in base 2 (exp2 is cheaper than exp): scores are pre-multiplied by
     # scale * log2(e).
@@ -365,6 +373,7 @@ def decode_attention(
         BLOCK_N=block_n,
         # fp32 inputs: full-precision dot (Triton's default would be tf32 on GPUs).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        LOOP_SPLITS=grid_splits < num_splits,
         USE_PDL=pdl,
         launch_pdl=pdl,
         num_warps=num_warps,
