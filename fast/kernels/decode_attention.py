@@ -58,6 +58,13 @@ _LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); the kernels use exp2
 # within 3.5% of each case's best count on average (14% at worst), 4 within 5.4% (23%), 32 within 4.7%
 # (19%); one program per split (the old grid) 50% (3.5x).
 GRID_PROGRAMS_PER_SM = 8
+# ... but only where one program per split would make a large grid. The kernel compiled with the loop over a
+# program's further splits (LOOP_SPLITS) is slower even where each program has one split (more registers
+# and spills: 540 bytes against 112 in ptxas for sm_90 at head_dim 128): 64 sequences x 600 keys at
+# max_seq_len 2048 took 57.8 us with 3 programs per (sequence, KV head) against 53.3 with one per split
+# (16 splits, 8,192 programs: 62 per SM); 8 sequences at 40,960 took 11.0 us against 19.3 with one per
+# split (20,480 programs: 155 per SM). So up to 124 programs per SM (16,384 on an H200) keep one per split.
+ONE_PROGRAM_PER_SPLIT_MAX_PER_SM = 124
 # Splits the reduction reads per iteration: a [16, head_dim] fp32 tile stays in registers however
 # many splits max_seq_len allows (a 40,960-token context at 128-key splits has 320).
 _REDUCE_BLOCK_SPLITS = 16
@@ -100,9 +107,9 @@ def _decode_split_kernel(
     num_used = tl.cdiv(seq_len, split_size)
     if first_split >= num_used:
         return
-    # The program's first split in straight-line code, the rest (LOOP_SPLITS only) in a loop: most
-    # programs have one split, and with the loop around it too the kernel took 8% longer on an H200
-    # (64 sequences x 600 keys: 57.4 against 53.3 us; reports/results/kernels/decode_grid_e685cc4/).
+    # The program's first split, then (LOOP_SPLITS only) its further ones. Compiled with the loop the
+    # kernel is slower even for programs of one split (see ONE_PROGRAM_PER_SPLIT_MAX_PER_SM), so the
+    # wrapper keeps one program per split, and no loop, wherever that grid stays small.
     _attend_split(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, q_seq_stride,
         q_head_stride, block_table_stride, num_kv_heads, group_size, split_size, num_splits, scale_log2,
@@ -270,10 +277,13 @@ def _num_sms(device: torch.device) -> int:
 
 
 def _grid_splits(num_seqs: int, num_kv_heads: int, num_splits: int, device: torch.device) -> int:
-    """Programs along the split axis: about GRID_PROGRAMS_PER_SM programs per SM in all (each then
-    takes every grid_splits-th split of its sequence), never more than there are splits. Host ints only."""
-    wanted = triton.cdiv(GRID_PROGRAMS_PER_SM * _num_sms(device), max(1, num_seqs * num_kv_heads))
-    return max(1, min(num_splits, wanted))
+    """Programs along the split axis, from host ints only. One per split (the loop-free kernel) while
+    the whole grid stays within ONE_PROGRAM_PER_SPLIT_MAX_PER_SM programs per SM; beyond that about
+    GRID_PROGRAMS_PER_SM per SM in all, each taking every grid_splits-th split of its sequence."""
+    pairs = max(1, num_seqs * num_kv_heads)
+    if pairs * num_splits <= ONE_PROGRAM_PER_SPLIT_MAX_PER_SM * _num_sms(device):
+        return num_splits
+    return max(1, min(num_splits, triton.cdiv(GRID_PROGRAMS_PER_SM * _num_sms(device), pairs)))
 
 
 def _default_split_size(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:

@@ -222,3 +222,15 @@ def test_decode_result_is_the_same_bits_for_every_grid_split_count(dtype: torch.
     for grid_splits, result in enumerate(results[1:], start=2):
         assert torch.equal(result, results[0]), f"grid_splits={grid_splits}"
     assert torch.equal(decode_attention(*args, split_size=16, block_n=16), results[0]), "the default count"
+
+
+def test_decode_grid_keeps_one_program_per_split_unless_the_grid_grows_large() -> None:
+    """_grid_splits: one program per split (the loop-free kernel) while the grid stays within
+    ONE_PROGRAM_PER_SPLIT_MAX_PER_SM programs per SM; past that, about GRID_PROGRAMS_PER_SM per SM."""
+    from fast.kernels.decode_attention import GRID_PROGRAMS_PER_SM, ONE_PROGRAM_PER_SPLIT_MAX_PER_SM, _grid_splits
+
+    cpu, sms = torch.device("cpu"), 4  # the wrapper counts 4 SMs on the CPU
+    small = ONE_PROGRAM_PER_SPLIT_MAX_PER_SM * sms // 8  # 8 (sequence, KV head) pairs x small splits: at the bound
+    assert _grid_splits(2, 4, small, cpu) == small
+    large = _grid_splits(2, 4, small + 1, cpu)
+    assert large == -(-GRID_PROGRAMS_PER_SM * sms // 8) < small
