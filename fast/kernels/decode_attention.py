@@ -24,13 +24,14 @@ fixed, so the wrapper can be captured in a CUDA graph. A program visits only the
 sequence has (cdiv(seq_len, split_size)) and the reduction reads only those, so neither
 kernel's work grows with max_seq_len.
 
-Why the split axis of the grid is not num_splits: one program per split made the grid grow
-with max_seq_len, and the programs of splits past a sequence's length, which return at once,
-were not free. On an H200 (reports/results/kernels/decode_splits_9613ba5/), 64 sequences of 600
-keys took 53 us a call with max_seq_len 2048 and 147 us with 40,960 (Qwen3's default context):
-327,680 programs, 98% of them empty. grid_splits comes from host ints (the batch, the KV heads,
-the SM count), enough programs to fill the GPU; which program computes a split does not change
-its arithmetic, so the result is the same bits for every grid_splits.
+Why the split axis of the grid is not always num_splits: one program per split made the grid
+grow with max_seq_len, and the programs of splits past a sequence's length, which return at
+once, were not free. On an H200 (reports/results/kernels/decode_splits_9613ba5/), 64 sequences
+of 600 keys took 53 us a call with max_seq_len 2048 and 147 us with 40,960 (Qwen3's default
+context): 163,840 programs, 98% of them empty. So where one program per split would make a large
+grid, grid_splits is smaller (from host ints: the batch, the KV heads, the SM count) and each
+program loops over its splits (_grid_splits). Which program computes a split does not change its
+arithmetic, so the result is the same bits for every grid_splits.
 """
 
 from __future__ import annotations
