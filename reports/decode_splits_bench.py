@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
 from fast.kernels.decode_attention import decode_attention, decode_workspace
+from reports.graph_timing import median_replay_us
 
 CALLS, REPLAYS = 20, 30
 GRID_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
@@ -47,21 +47,11 @@ def time_case(
         decode_attention(q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5, max_seq_len,
                          split_size=split_size, out=out, workspace=workspace, grid_splits=grid_splits)  # fmt: skip
 
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    def calls() -> None:
         for _ in range(CALLS):
             call()
-    samples = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000 / CALLS)
-    return statistics.median(samples[3:])
+
+    return median_replay_us(calls, REPLAYS - 3) / CALLS
 
 
 def _cases(sweep_grid: bool) -> list[dict[str, object]]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import triton
@@ -38,6 +37,7 @@ import triton.language as tl
 
 from fast.kernels.decode_attention import decode_attention, decode_workspace
 from fast.kernels.gemv import small_batch_linear
+from reports.graph_timing import median_replay_us
 
 LAYERS, REPLAYS = 36, 20
 LINE_BYTES = 128
@@ -122,20 +122,7 @@ def _time(b: dict[str, object], attention: bool, gemv: int, prefetch: str) -> fl
         if side is not None:
             torch.cuda.current_stream().wait_stream(side)
 
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    samples = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000 / LAYERS)
-    return statistics.median(samples[3:])
+    return median_replay_us(run, REPLAYS - 3) / LAYERS
 
 
 def main() -> None:

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import socket
-import statistics
 import tempfile
 from collections.abc import Callable
 from functools import partial
@@ -41,6 +40,7 @@ from reports.bench_device import environment
 from reports.bench_profile import profile_run
 from reports.bench_runners import run_on_engine, warm_up_engine
 from reports.bench_workloads import Phase, decode_bs1, offline_256
+from reports.graph_timing import median_replay_us
 from reports.model_shapes import SHAPES, ModelShape, random_state_dict
 from spec.checkpoint import DTYPES, SHARD_INDEX
 from spec.engine_config import EngineConfig
@@ -210,22 +210,8 @@ def _time_norm_chain(reduce_norm: Callable, probe: torch.Tensor, calls: int, dev
 
 
 def _time_graph(step: Callable[[], None], calls: int, device) -> dict:
-    step()
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for _ in range(20):
-        graph.replay()
-    times_ms = []
-    for _ in range(ALL_REDUCE_REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times_ms.append(start.elapsed_time(end))
-    per_step_us = statistics.median(times_ms) * 1000
+    with torch.cuda.device(device):
+        per_step_us = median_replay_us(step, ALL_REDUCE_REPLAYS, warmup=20)
     return {"per_step_us": per_step_us, "per_all_reduce_us": per_step_us / calls}
 
 
