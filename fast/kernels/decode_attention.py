@@ -93,13 +93,13 @@ def _decode_split_kernel(
     BLOCK_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    LOOP_SPLITS: tl.constexpr,  # grid_splits < num_splits: a program may take several splits
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     first_split = tl.program_id(2)
-    grid_splits = tl.num_programs(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     # The sequence's splits: split_size=512, seq_len=1300 -> splits 0..2 (keys 0..511,
     # 512..1023, 1024..1299). With grid_splits=2, program 0 takes splits 0 and 2, program 1
@@ -108,18 +108,54 @@ def _decode_split_kernel(
     num_used = tl.cdiv(seq_len, split_size)
     if first_split >= num_used:
         return
+    # The program's first split, then (LOOP_SPLITS only) its further ones. Compiled with the loop the
+    # kernel is slower even for programs of one split (see ONE_PROGRAM_PER_SPLIT_MAX_PER_SM), so the
+    # wrapper keeps one program per split, and no loop, wherever that grid stays small.
+    _attend_split(
+        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, q_seq_stride,
+        q_head_stride, block_table_stride, num_kv_heads, group_size, split_size, num_splits, scale_log2,
+        seq, kv_head, first_split, seq_len, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, BLOCK_N, DOT_PRECISION,
+    )  # fmt: skip
+    if LOOP_SPLITS:
+        grid_splits = tl.num_programs(2)
+        for split in range(first_split + grid_splits, num_used, grid_splits):
+            _attend_split(
+                q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, q_seq_stride,
+                q_head_stride, block_table_stride, num_kv_heads, group_size, split_size, num_splits, scale_log2,
+                seq, kv_head, split, seq_len, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, BLOCK_N, DOT_PRECISION,
+            )  # fmt: skip
 
-    # One loop over the tiles of all this program's splits, split after split: a loop over splits
-    # around a loop over tiles compiled to a kernel with more registers and spills, slower even for
-    # programs of one split. Tile t is tile t % tiles_per_split of the program's split
-    # t // tiles_per_split; only the last split may be short. Worked example: split_size=512,
-    # BLOCK_N=64 (8 tiles a split), seq_len=1300, grid_splits=2, program 0: splits 0 and 2, the
-    # second with keys 1024..1299 (5 tiles), so 8 + 5 = 13 tiles; tile 10 is tile 2 of split 2,
-    # keys 1152..1215.
-    tiles_per_split = split_size // BLOCK_N
-    my_splits = tl.cdiv(num_used - first_split, grid_splits)
-    last_start = (first_split + (my_splits - 1) * grid_splits) * split_size
-    num_tiles = (my_splits - 1) * tiles_per_split + tl.cdiv(tl.minimum(split_size, seq_len - last_start), BLOCK_N)
+
+@triton.jit
+def _attend_split(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    q_seq_stride,
+    q_head_stride,
+    block_table_stride,
+    num_kv_heads,
+    group_size,
+    split_size,
+    num_splits,
+    scale_log2,
+    seq,
+    kv_head,
+    split,
+    seq_len,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One split of one sequence and KV head, for all the query heads of its group: keys
+    [split * split_size, min((split + 1) * split_size, seq_len)), at least one of them."""
+    split_start = split * split_size
+    split_end = tl.minimum(split_start + split_size, seq_len)
 
     # Query rows: the group's heads kv_head*group_size + g for g < group_size; rows
     # g >= group_size are padding (zeros in, never stored). 4 heads per group -> rows 0..3
@@ -135,7 +171,7 @@ def _decode_split_kernel(
     )
 
     # Running softmax state in base 2 (exp2 is cheaper than exp): scores are pre-multiplied by
-    # scale * log2(e). Set afresh at each split's first tile.
+    # scale * log2(e).
     row_max = tl.full([BLOCK_GROUP], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_GROUP], dtype=tl.float32)
     acc = tl.zeros([BLOCK_GROUP, HEAD_DIM], dtype=tl.float32)
@@ -145,13 +181,8 @@ def _decode_split_kernel(
     head_offset = kv_head * HEAD_DIM
     block_table_row = block_tables_ptr + seq.to(tl.int64) * block_table_stride
     tile_tokens = tl.arange(0, BLOCK_N)
-    for tile in range(0, num_tiles):
-        nth_split = tile // tiles_per_split
-        tile_in_split = tile - nth_split * tiles_per_split
-        split = first_split + nth_split * grid_splits
-        split_start = split * split_size
-        split_end = tl.minimum(split_start + split_size, seq_len)
-        tokens = split_start + tile_in_split * BLOCK_N + tile_tokens
+    for tile_start in range(split_start, split_end, BLOCK_N):
+        tokens = tile_start + tile_tokens
         token_valid = tokens < split_end
         # Page lookup per token: block_size=16, token 37 -> table entry 2, offset 5, so its
         # slot is block_tables[seq, 2] * 16 + 5. Tokens past the end load no table entry.
@@ -161,14 +192,10 @@ def _decode_split_kernel(
         k = tl.load(k_cache_ptr + kv_offsets, mask=token_valid[:, None], other=0.0)
         v = tl.load(v_cache_ptr + kv_offsets, mask=token_valid[:, None], other=0.0)
 
-        fresh = tile_in_split == 0  # a split's first tile starts from the initial state
-        row_max = tl.where(fresh, float("-inf"), row_max)
-        row_sum = tl.where(fresh, 0.0, row_sum)
-        acc = tl.where(fresh, 0.0, acc)
         # scores [BLOCK_GROUP, BLOCK_N] = q [BLOCK_GROUP, D] @ k^T [D, BLOCK_N]
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         scores = tl.where(token_valid[None, :], scores, float("-inf"))
-        # Every tile holds at least one valid token (its start is below split_end), so the new max is finite.
+        # Every tile holds at least one valid token (tile_start < split_end), so the new max is finite.
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
         correction = tl.exp2(row_max - new_max)
         probs = tl.exp2(scores - new_max[:, None])
@@ -176,14 +203,15 @@ def _decode_split_kernel(
         acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
         row_max = new_max
 
-        if (tile_in_split + 1) * BLOCK_N >= split_end - split_start:  # the split's last tile
-            # Every split holds at least one key, so row_sum >= 1 (its max term is exp2(0)).
-            lse = row_max + tl.log2(row_sum)
-            # Workspace index: ((seq * num_q_heads + q_head) * num_splits + split).
-            index = (seq.to(tl.int64) * (num_kv_heads * group_size) + q_heads) * num_splits + split
-            tl.store(partial_lse_ptr + index, lse, mask=row_valid)
-            tl.store(partial_out_ptr + index[:, None] * HEAD_DIM + dims[None, :], acc / row_sum[:, None],
-                     mask=row_valid[:, None])  # fmt: skip
+    # Every split holds at least one key, so row_sum >= 1 (its max term is exp2(0)).
+    lse = row_max + tl.log2(row_sum)
+    partial = acc / row_sum[:, None]
+
+    # Workspace index: ((seq * num_q_heads + q_head) * num_splits + split).
+    num_q_heads = num_kv_heads * group_size
+    lse_index = (seq.to(tl.int64) * num_q_heads + q_heads) * num_splits + split
+    tl.store(partial_lse_ptr + lse_index, lse, mask=row_valid)
+    tl.store(partial_out_ptr + lse_index[:, None] * HEAD_DIM + dims[None, :], partial, mask=row_valid[:, None])
 
 
 @triton.jit
@@ -359,6 +387,7 @@ def decode_attention(
         BLOCK_N=block_n,
         # fp32 inputs: full-precision dot (Triton's default would be tf32 on GPUs).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        LOOP_SPLITS=grid_splits < num_splits,
         USE_PDL=pdl,
         launch_pdl=pdl,
         num_warps=num_warps,
