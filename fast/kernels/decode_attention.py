@@ -36,6 +36,8 @@ arithmetic, so the result is the same bits for every grid_splits.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -273,7 +275,9 @@ def _default_tiles(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
     return block_n, 4, num_stages
 
 
+@functools.cache
 def _num_sms(device: torch.device) -> int:
+    """The device's SM count (4 on the CPU), looked up once per device: every decode call's grid needs it."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 

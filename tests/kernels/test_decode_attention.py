@@ -227,10 +227,11 @@ def test_decode_result_is_the_same_bits_for_every_grid_split_count(dtype: torch.
 def test_decode_grid_keeps_one_program_per_split_unless_the_grid_grows_large() -> None:
     """_grid_splits: one program per split (the loop-free kernel) while the grid stays within
     ONE_PROGRAM_PER_SPLIT_MAX_PER_SM programs per SM; past that, about GRID_PROGRAMS_PER_SM per SM."""
-    from fast.kernels.decode_attention import GRID_PROGRAMS_PER_SM, ONE_PROGRAM_PER_SPLIT_MAX_PER_SM, _grid_splits
+    from fast.kernels.decode_attention import _grid_splits
 
-    cpu, sms = torch.device("cpu"), 4  # the wrapper counts 4 SMs on the CPU
-    small = ONE_PROGRAM_PER_SPLIT_MAX_PER_SM * sms // 8  # 8 (sequence, KV head) pairs x small splits: at the bound
-    assert _grid_splits(2, 4, small, cpu) == small
-    large = _grid_splits(2, 4, small + 1, cpu)
-    assert large == -(-GRID_PROGRAMS_PER_SM * sms // 8) < small
+    # The wrapper counts 4 SMs on the CPU: at most 124 x 4 = 496 programs keep one per split; past that,
+    # 8 x 4 = 32 programs in all. 2 sequences x 4 KV heads = 8 (sequence, KV head) pairs:
+    cpu = torch.device("cpu")
+    assert _grid_splits(2, 4, 62, cpu) == 62  # 8 x 62 = 496 programs: one per split
+    assert _grid_splits(2, 4, 63, cpu) == 4  # 8 x 63 = 504: 32 / 8 = 4 programs per pair
+    assert _grid_splits(2, 4, 3, cpu) == 3  # a small grid: one program per split
