@@ -34,10 +34,18 @@ if not HAS_CUDA:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `gpu` need CUDA; on a CPU machine they are reported as skipped, never passed."""
+    """Tests marked `gpu` need CUDA: on a CPU machine they are reported as skipped, never passed. Tests
+    marked `interpreter` run Triton's CPU interpreter itself (a kernel's CPU path): on a CUDA machine,
+    where TRITON_INTERPRET stays unset so that the engines' tests run on the GPU, they are skipped with
+    that reason; their kernels' GPU tests run there instead."""
     if HAS_CUDA:
-        return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (marker: gpu)")
+        marker, reason = (
+            "interpreter",
+            "runs Triton's CPU interpreter, which is off on a CUDA machine (marker: interpreter)",
+        )
+    else:
+        marker, reason = "gpu", "needs a CUDA device (marker: gpu)"
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip_gpu)
+        if marker in item.keywords:
+            item.add_marker(skip)

@@ -6,14 +6,21 @@ engines here, so a new engine joins every such test by being added to this table
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from spec.engine import Engine
-from spec.engine_config import EngineConfig
+from spec.engine_config import DEFAULT_NUM_BLOCKS, EngineConfig
 from spec.model_config import ModelConfig
 from spec.scheduling import StepPlan
 
 ENGINE_NAMES = ("reference", "fast")
+
+# Where the fast engine's tests run: on the GPU when there is one (the same assertions, on CUDA), else
+# through Triton's CPU interpreter (tests/conftest.py sets TRITON_INTERPRET=1 only on a machine without
+# CUDA). The reference engine's tests stay on the CPU: it is the specification, not what is under test.
+FAST_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def build_engine(
@@ -22,16 +29,21 @@ def build_engine(
     state_dict: dict[str, torch.Tensor],
     engine_config: EngineConfig | None = None,
     dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
+    device: str | None = None,
 ) -> Engine:
+    """Engine `name` over an in-memory state dict; device None: FAST_DEVICE for the fast engine, the CPU
+    for the reference. A fast engine on CUDA gets DEFAULT_NUM_BLOCKS where its config leaves num_blocks
+    to the engine, as on the CPU: sized from free GPU memory, one test engine would take the memory of
+    every other pytest worker."""
     if name == "reference":
         from reference.engine import ReferenceEngine
 
-        return ReferenceEngine(model_config, state_dict, engine_config, dtype, device)
+        return ReferenceEngine(model_config, state_dict, engine_config, dtype, device or "cpu")
     if name == "fast":
         from fast.engine import FastEngine
 
-        return FastEngine(model_config, state_dict, engine_config, dtype, device)
+        device = device or FAST_DEVICE
+        return FastEngine(model_config, state_dict, engine_config_on(engine_config, device), dtype, device)
     raise ValueError(f"unknown engine {name!r}; known: {ENGINE_NAMES}")
 
 
@@ -47,3 +59,12 @@ def record_plans(engine: Engine) -> list[StepPlan]:
 
     engine.scheduler.schedule = recording_schedule  # type: ignore[attr-defined]
     return plans
+
+
+def engine_config_on(engine_config: EngineConfig | None, device: str | torch.device) -> EngineConfig:
+    """engine_config for a test engine on `device`: on CUDA a pool of DEFAULT_NUM_BLOCKS where num_blocks is
+    left to the engine (see build_engine)."""
+    config = engine_config or EngineConfig()
+    if torch.device(device).type == "cuda" and config.num_blocks is None:
+        return replace(config, num_blocks=DEFAULT_NUM_BLOCKS)
+    return config
