@@ -6,9 +6,16 @@ rows for decode steps of many sequences.
 it. Each step gets a `StepAttention` that holds views of the step's metadata (persistent device
 buffers of `fast.input_batch.InputBatch`); the model calls `attend` once per layer.
 
-The decode kernel's split size is fixed per engine and its split count comes from
-max_model_len, never from the batch: the reduction over splits is then the same for a token in
-a CUDA-graph replay and in an eager step (padding splits carry zero weight).
+The decode kernel's split size comes from the step's batch size (SMALL_BATCH_SPLIT_SIZE up to
+SMALL_BATCH_MAX_SEQS sequences, a CUDA-graph size, so an eager step and the graph it would replay
+agree), and its split count from a host-known bound on the step's longest sequence: the smallest of
+the context buckets 2048, 4096, ... max_model_len that holds it (`decode_context`). A split's
+arithmetic and the reduction over a sequence's own splits do not depend on the split count, only the
+launch grid does: with max_model_len's split count at Qwen3's default 40,960-token context, one
+program per split was either a grid of mostly empty programs or the kernel's slower loop over
+splits (decode-sweep batch 32, 1,152 keys: 2.55 ms per token against 2.37 ms at max_model_len 2048,
+reports/results/kernels/decode_grid_e685cc4/). CUDA graphs are captured per (batch size, bucket)
+where the bucket changes the grid (`graph_contexts`).
 
 A decode step of more than PACKED_DECODE_MIN_SEQS sequences has enough (sequence, KV head) programs to
 fill the GPU without splitting the keys, so it skips the split kernel's partial outputs and reduce
@@ -37,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from fast.kernels.decode_attention import decode_attention, decode_workspace
+from fast.kernels.decode_attention import decode_attention, decode_workspace, one_program_per_split
 from fast.kernels.prefill_attention import prefill_attention
 
 # Keys per decode split: 512 keys x 128 dims is 128 KiB of bf16 K and V per program, enough work
@@ -66,10 +73,24 @@ INVARIANT_BLOCK_N = 64
 PACKED_DECODE_MIN_SEQS = 64
 
 
-def decode_split_size(max_num_seqs: int) -> int:
-    """The decode kernel's split size for an engine of at most max_num_seqs sequences per step:
-    fixed per engine, so a token's reduction order is the same in every step of that engine."""
-    return SMALL_BATCH_SPLIT_SIZE if max_num_seqs <= SMALL_BATCH_MAX_SEQS else DECODE_SPLIT_SIZE
+# The decode kernel's smallest context bucket; the next ones double up to max_model_len (see the module
+# docstring). 2048 keys: the context every earlier benchmark ran at, and at 128-key splits a grid of
+# 16 splits, one program each, up to 64 sequences of 8 KV heads on an H200.
+MIN_DECODE_CONTEXT = 2048
+
+
+def decode_split_size(num_seqs: int) -> int:
+    """The decode kernel's split size for a step of num_seqs sequences (a graph size where the step is
+    replayed: SMALL_BATCH_MAX_SEQS is one, so the eager step and its graph agree)."""
+    return SMALL_BATCH_SPLIT_SIZE if num_seqs <= SMALL_BATCH_MAX_SEQS else DECODE_SPLIT_SIZE
+
+
+def context_buckets(max_model_len: int) -> tuple[int, ...]:
+    """MIN_DECODE_CONTEXT, twice that, ... below max_model_len, then max_model_len."""
+    buckets = [MIN_DECODE_CONTEXT]
+    while buckets[-1] < max_model_len:
+        buckets.append(buckets[-1] * 2)
+    return (*[bucket for bucket in buckets if bucket < max_model_len], max_model_len)
 
 
 @dataclass(frozen=True)
@@ -79,6 +100,7 @@ class StepMetadata:
     is_decode: bool  # every sequence has one query token: the decode kernel runs
     num_seqs: int
     max_query_len: int  # host-known, sizes the prefill grid
+    decode_context: int  # host-known bound on seq_lens for the decode kernel (PagedAttention.decode_context)
     block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
     seq_lens: torch.Tensor  # int32 [num_seqs]: keys each sequence attends to, its new ones included
     cu_seqlens_q: torch.Tensor  # int32 [num_seqs + 1]: query offsets into the flattened batch
@@ -104,13 +126,41 @@ class PagedAttention:
         packable = num_heads // num_kv_heads <= INVARIANT_BLOCK_M
         self.packed_decode_min_seqs = packed_decode_min_seqs if packable else max_num_seqs
         self.max_model_len = max_model_len
-        self.split_size = decode_split_size(max_num_seqs)
+        self.num_kv_heads = num_kv_heads
+        self.device = device
         self.batch_invariant = batch_invariant
-        num_splits = triton.cdiv(max_model_len, self.split_size)
-        self.workspace = decode_workspace(max_num_seqs, num_heads, num_splits, head_dim, device)
+        self.contexts = context_buckets(max_model_len)
+        # The decode kernel's largest steps at max_model_len, one per split size (its most sequences at
+        # each): the workspace views are flat prefixes (decode_attention), so its size is their largest.
+        decode_seqs = min(max_num_seqs, self.packed_decode_min_seqs)
+        largest = (min(decode_seqs, SMALL_BATCH_MAX_SEQS), decode_seqs)
+        rows = max(n * triton.cdiv(max_model_len, decode_split_size(n)) for n in largest)
+        self.workspace = decode_workspace(rows, num_heads, 1, head_dim, device)  # rows of (sequence, split)
 
     def for_step(self, metadata: StepMetadata) -> StepAttention:
         return StepAttention(self, metadata)
+
+    def runs_decode_kernel(self, num_seqs: int) -> bool:
+        """Whether a decode step of num_seqs sequences runs the split-KV decode kernel (see `attend`)."""
+        return not self.batch_invariant and num_seqs <= self.packed_decode_min_seqs
+
+    def decode_context(self, num_seqs: int, max_seq_len: int) -> int:
+        """The bound the decode kernel is launched with for a decode step of num_seqs sequences whose
+        longest has max_seq_len keys: the smallest context bucket that holds it, while that grid keeps one
+        program per split; past that max_model_len (its bounded grid is the same for every longer bucket)."""
+        if not self.runs_decode_kernel(num_seqs):
+            return self.max_model_len  # the grid does not depend on it
+        split = decode_split_size(num_seqs)
+        for context in self.contexts:
+            if context >= max_seq_len:
+                if one_program_per_split(num_seqs, self.num_kv_heads, triton.cdiv(context, split), self.device):
+                    return context
+                break
+        return self.max_model_len
+
+    def graph_contexts(self, num_seqs: int) -> tuple[int, ...]:
+        """Every bound decode_context gives for num_seqs sequences: the CUDA graphs to capture at that size."""
+        return tuple(sorted({self.decode_context(num_seqs, context) for context in self.contexts}))
 
 
 class StepAttention:
@@ -124,7 +174,7 @@ class StepAttention:
         """q [T, H, D] (rows may be strided) -> [T, H, D] contiguous."""
         meta, backend = self.metadata, self.backend
         invariant = backend.batch_invariant
-        if meta.is_decode and not invariant and meta.num_seqs <= backend.packed_decode_min_seqs:
+        if meta.is_decode and backend.runs_decode_kernel(meta.num_seqs):
             return decode_attention(
                 q,
                 k_cache,
@@ -132,8 +182,8 @@ class StepAttention:
                 meta.block_tables,
                 meta.seq_lens,
                 backend.scale,
-                backend.max_model_len,
-                split_size=backend.split_size,
+                meta.decode_context,
+                split_size=decode_split_size(meta.num_seqs),
                 workspace=backend.workspace,
                 pdl=backend.pdl,
             )

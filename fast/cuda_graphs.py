@@ -1,7 +1,10 @@
-"""CUDA graphs of the decode step, one per batch size, replayed instead of launching each kernel.
+"""CUDA graphs of the decode step, one per batch size and decode context, replayed instead of launching
+each kernel.
 
 Sizes: 1, 2, 4, 8, then every 8 up to the largest decode batch (max_num_seqs, or the token
-budget if smaller), that largest size included even when it is not a multiple of 8. They are
+budget if smaller), that largest size included even when it is not a multiple of 8. At each size, one
+graph per bound the decode attention kernel's grid is launched with (fast.attention.PagedAttention.
+graph_contexts: one, max_model_len, where that grid does not depend on it). They are
 captured largest first into one shared memory pool, so smaller graphs reuse the larger ones'
 memory. A batch of n requests replays the smallest captured size >= n; rows n.. are padding
 (token 0 at position 0, slot -1 so nothing is stored, seq_len 1 over the padding block), which
@@ -12,7 +15,7 @@ larger batch can leak into a later one.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -22,9 +25,11 @@ from spec.errors import ConfigError
 # long enough that launching its kernels one by one costs little.
 MAX_GRAPH_BATCH = 512
 
-# forward(batch_size) -> logits [batch_size, vocab]: the decode forward over the first
-# batch_size rows of the persistent input buffers.
-DecodeForward = Callable[[int], torch.Tensor]
+# forward(batch_size, context) -> logits [batch_size, vocab]: the decode forward over the first
+# batch_size rows of the persistent input buffers, the decode attention launched for keys up to context.
+DecodeForward = Callable[[int, int], torch.Tensor]
+# contexts(batch_size) -> the decode contexts to capture a graph for at that size.
+DecodeContexts = Callable[[int], Sequence[int]]
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
@@ -44,8 +49,8 @@ class DecodeGraphs:
                 "(enable_cuda_graphs=False, --no-cuda-graphs)"
             )
         self.sizes = graph_batch_sizes(max_batch)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # by (batch size, context)
+        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def max_batch(self) -> int:
@@ -55,19 +60,24 @@ class DecodeGraphs:
         """The smallest captured batch size that holds num_seqs rows."""
         return self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
 
-    def capture(self, prepare_padding: Callable[[int], None], forward: DecodeForward) -> None:
+    def capture(self, prepare_padding: Callable[[int], None], forward: DecodeForward, contexts: DecodeContexts) -> None:
         """prepare_padding(size) fills the inputs with `size` padding rows; forward runs the step."""
         pool = None
         for size in reversed(self.sizes):
             prepare_padding(size)
-            forward(size)  # warm-up: Triton compiles and autotunes outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._outputs[size] = forward(size)
-            pool = graph.pool()
-            self._graphs[size] = graph
+            for context in sorted(contexts(size), reverse=True):
+                forward(size, context)  # warm-up: Triton compiles and autotunes outside the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._outputs[size, context] = forward(size, context)
+                pool = graph.pool()
+                self._graphs[size, context] = graph
         torch.cuda.synchronize()
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
 
     def release(self) -> None:
         """Destroy every captured graph (the caller has synchronised or given up on the device). Under
@@ -79,7 +89,7 @@ class DecodeGraphs:
         self._graphs.clear()
         self._outputs.clear()
 
-    def replay(self, size: int) -> torch.Tensor:
+    def replay(self, size: int, context: int) -> torch.Tensor:
         """Logits [size, vocab] of the captured step, computed from the inputs' current contents."""
-        self._graphs[size].replay()
-        return self._outputs[size]
+        self._graphs[size, context].replay()
+        return self._outputs[size, context]

@@ -76,6 +76,7 @@ class StepShape:
     num_logit_rows: int
     max_query_len: int
     is_decode: bool  # every sequence has exactly one query token
+    max_seq_len: int  # keys of the longest sequence, its new ones included (padding rows: 1)
 
 
 class InputBatch:
@@ -188,7 +189,7 @@ class InputBatch:
             _fill_tables(tables[:num_real], block_tables, table_lengths)
             self._fill_decode(sequences, table_lengths, tokens, positions, slots, logits, seq_lens, cu_seqlens, tables)
             self._upload(num_tokens, num_logits, num_seqs, width)
-            return StepShape(num_tokens, num_seqs, num_logits, 1, True)
+            return StepShape(num_tokens, num_seqs, num_logits, 1, True, int(seq_lens.max(initial=1)))
         cursor, logit_cursor = 0, 0
         cu_seqlens[0] = 0
         for index, seq in enumerate(sequences):
@@ -213,7 +214,10 @@ class InputBatch:
         seq_lens[num_real:] = 1
         cu_seqlens[num_real + 1 :] = np.arange(cursor + 1, num_tokens + 1, dtype=np.int32)
         self._upload(num_tokens, num_logits, num_seqs, width)
-        return StepShape(num_tokens, num_seqs, num_logits, max(query_lens, default=0), max(query_lens, default=0) == 1)
+        longest_query = max(query_lens, default=0)
+        return StepShape(
+            num_tokens, num_seqs, num_logits, longest_query, longest_query == 1, int(seq_lens.max(initial=1))
+        )
 
     def set_pending_tokens(self, token_rows: Sequence[int], source: torch.Tensor, source_rows: Sequence[int]) -> None:
         """After `load`: token_ids[token_rows[i]] = source[source_rows[i]], queued on the device.

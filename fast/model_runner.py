@@ -33,7 +33,7 @@ from fast.model import SMALL_BATCH_ROWS, FastCausalLM
 from fast.parallel import Collectives, ProcessGroups, StepChannel, StepCommand, StepHeader, TensorParallelError
 from fast.sharded_loading import WeightSource
 from fast.weights import ModelWeights, ShardLayout, pack_weights
-from spec.engine_config import EngineConfig
+from spec.engine_config import SMALL_BATCHES, BatchDefaults, EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
 
@@ -59,14 +59,23 @@ class PreparedStep:
     num_sequences: int
 
 
+# The fast engine's batch settings where EngineConfig leaves them None. On CUDA: the settings measured
+# fastest on an H200 for offline-256 and decode-bs1 (reports/results/bench/defaults/); the token budget
+# and batch limit cost memory for buffers and CUDA graphs, nothing per step. Through the interpreter:
+# small batches, and async scheduling as on CUDA, so that the CPU tests take the path users take.
+CUDA_BATCHES = BatchDefaults(max_num_seqs=256, max_num_batched_tokens=8192, async_scheduling=True)
+INTERPRETER_BATCHES = replace(SMALL_BATCHES, async_scheduling=True)
+
+
 def device_settings(
     engine_config: EngineConfig, model_config: ModelConfig, device: torch.device, num_blocks: int | None = None
 ) -> EngineConfig:
-    """engine_config resolved for the model (EngineConfig.resolved) and for the device: programmatic
-    dependent launch as the device allows (None becomes True or False; True where it cannot run is a
-    ConfigError)."""
+    """engine_config resolved for the model and the device (EngineConfig.resolved, with the batch defaults
+    of the device), and programmatic dependent launch as the device allows (None becomes True or False;
+    True where it cannot run is a ConfigError)."""
     pdl = resolve_pdl(engine_config.programmatic_dependent_launch, device)
-    return replace(engine_config.resolved(model_config, num_blocks), programmatic_dependent_launch=pdl)
+    batches = CUDA_BATCHES if device.type == "cuda" else INTERPRETER_BATCHES
+    return replace(engine_config.resolved(model_config, num_blocks, batches), programmatic_dependent_launch=pdl)
 
 
 class ModelRunner:
@@ -142,7 +151,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda" and self.config.enable_cuda_graphs:
             self.graphs = DecodeGraphs(self.max_step_seqs)
-            self.graphs.capture(self._load_padding, self._decode_forward)
+            self.graphs.capture(self._load_padding, self._decode_forward, self.attention.graph_contexts)
         if device.type == "cuda":
             self._compile_kernels()
         if self.collectives is not None:
@@ -184,8 +193,12 @@ class ModelRunner:
         if self.channel is not None:
             self._send_step(prepared.shape, prepared.graph_size, num_shared)
         if prepared.graph_size:
-            return self.graphs.replay(prepared.graph_size)[: prepared.num_sequences]
+            return self._replay(prepared.graph_size, prepared.shape.max_seq_len)[: prepared.num_sequences]
         return self._forward(prepared.shape)
+
+    def _replay(self, size: int, max_seq_len: int) -> torch.Tensor:
+        """The decode graph of this batch size for a step whose longest sequence has max_seq_len keys."""
+        return self.graphs.replay(size, self.attention.decode_context(size, max_seq_len))
 
     def _forward(self, shape: StepShape) -> torch.Tensor:
         inputs = self.inputs
@@ -211,6 +224,7 @@ class ModelRunner:
             shape.num_seqs,
             inputs.table_width,
             shape.max_query_len,
+            shape.max_seq_len,
             graph_size,
             words,
             inputs.num_pending,
@@ -239,11 +253,18 @@ class ModelRunner:
             if header.graph_size:
                 if self.graphs is None:
                     raise TensorParallelError("rank 0 replays a CUDA graph that this rank did not capture")
-                self.graphs.replay(header.graph_size)
+                self._replay(header.graph_size, header.max_seq_len)
             else:
                 decode = header.max_query_len == 1
                 self._forward(
-                    StepShape(header.num_tokens, header.num_seqs, header.num_logit_rows, header.max_query_len, decode)
+                    StepShape(
+                        header.num_tokens,
+                        header.num_seqs,
+                        header.num_logit_rows,
+                        header.max_query_len,
+                        decode,
+                        header.max_seq_len,
+                    )
                 )
             if header.num_shared:
                 self.collectives.share_tokens(self._shared_tokens[: header.num_shared])
@@ -271,6 +292,7 @@ class ModelRunner:
             is_decode=shape.is_decode,
             num_seqs=shape.num_seqs,
             max_query_len=shape.max_query_len,
+            decode_context=self.attention.decode_context(shape.num_seqs, shape.max_seq_len),
             block_tables=inputs.block_tables[: shape.num_seqs],
             seq_lens=inputs.seq_lens[: shape.num_seqs],
             cu_seqlens_q=inputs.cu_seqlens_q[: shape.num_seqs + 1],
@@ -281,8 +303,9 @@ class ModelRunner:
     def _load_padding(self, size: int) -> None:
         self.inputs.load([], pad_to=size)
 
-    def _decode_forward(self, size: int) -> torch.Tensor:
-        metadata = self._metadata(StepShape(size, size, size, 1, True))
+    def _decode_forward(self, size: int, context: int) -> torch.Tensor:
+        # A step whose longest sequence fills the context: the graph's decode launch bound is `context`.
+        metadata = self._metadata(StepShape(size, size, size, 1, True, context))
         inputs = self.inputs
         return self.model.forward(
             inputs.token_ids[:size],
@@ -438,6 +461,7 @@ class ModelRunner:
             False,
             shape.num_seqs,
             shape.max_query_len,
+            settings.model_len,
             inputs.block_tables[: shape.num_seqs],
             inputs.seq_lens[: shape.num_seqs],
             inputs.cu_seqlens_q[: shape.num_seqs + 1],

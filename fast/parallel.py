@@ -446,6 +446,7 @@ class StepHeader:
     num_seqs: int = 0
     table_width: int = 0
     max_query_len: int = 0
+    max_seq_len: int = 0  # keys of the step's longest sequence (the decode kernel's context)
     graph_size: int = 0  # > 0: replay the decode graph of this batch size; 0: an eager forward
     payload_len: int = 0  # int32 words: the packed input section, then 2 x num_pending
     # Token rows loaded as pending (the pairs follow the packed section), filled from the shared tokens.
@@ -462,6 +463,7 @@ class StepHeader:
             self.num_seqs,
             self.table_width,
             self.max_query_len,
+            self.max_seq_len,
             self.graph_size,
             self.payload_len,
             self.num_pending,

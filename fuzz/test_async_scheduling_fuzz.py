@@ -83,7 +83,7 @@ class AsyncSchedulingMachine(RuleBasedStateMachine):
             check_invariants=True,
             enable_cuda_graphs=False,
         )
-        self.step_by_step = Recorded(base)
+        self.step_by_step = Recorded(replace(base, async_scheduling=False))  # the fast engine's default is on
         self.ahead = Recorded(replace(base, async_scheduling=True))
         self.added: list[str] = []
         self.aborted_apart: set[str] = set()  # aborted once the plans may differ

@@ -46,7 +46,7 @@ from reports.bench_workloads import (
 from reports.model_shapes import SHAPES, ModelShape, build_hf_model, random_state_dict
 from spec.checkpoint import parse_dtype
 from spec.engine import Engine
-from spec.engine_config import DEFAULT_NUM_BLOCKS, EngineConfig
+from spec.engine_config import DEFAULT_NUM_BLOCKS, SMALL_BATCHES, EngineConfig
 from spec.errors import ConfigError
 from twinfer.engine_options import add_engine_arguments, given_engine_settings
 from twinfer.registry import ENGINE_NAMES, default_engine_name, engine_class, engine_entry, resolve_device
@@ -278,12 +278,14 @@ def run_engine(name: str, settings: BenchSettings) -> dict[str, object]:
 
 
 def bench_engine_config(name: str, settings: BenchSettings, phase: Phase) -> EngineConfig:
-    """The settings given, with what was not given sized so that the workload is what is measured:
-    room for the largest phase's requests all at once (so neither batch size nor KV pool throttles
-    it), unless the engine sizes its own pool from GPU memory."""
+    """The settings given, and nothing else where the engine sizes itself (the fast engine on CUDA: what
+    a user gets with no flags). Elsewhere (the harness's CPU tests) what was not given is sized so that
+    the workload is what is measured: room for the largest phase's requests all at once, so that neither
+    the batch limit nor the KV pool throttles it."""
     phases = settings.workload.phases
-    sized: dict[str, object] = {"max_num_seqs": max(EngineConfig().max_num_seqs, *(len(p.requests) for p in phases))}
+    sized: dict[str, object] = {}
     if not (engine_entry(name).sizes_kv_pool_from_gpu_memory and settings.device.type == "cuda"):
+        sized["max_num_seqs"] = max(SMALL_BATCHES.max_num_seqs, *(len(p.requests) for p in phases))
         block_size = settings.engine_settings.get("block_size", EngineConfig().block_size)
         needed = max(_blocks_needed(p, block_size) for p in phases) + _blocks_for(
             len(WARMUP_PROMPT) + WARMUP_MAX_TOKENS, block_size

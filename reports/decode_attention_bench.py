@@ -1,8 +1,9 @@
 """Decode steps on the two kernels the default mode chooses between, over batch sizes and contexts, on one
 CUDA GPU (qwen3-0.6b heads: 16 query heads, 8 KV heads, head_dim 128, bf16, block size 16):
 
-- the split-KV decode kernel with the split size of an engine of 256 sequences (fast.attention.
-  decode_split_size), which decode steps of at most fast.attention.PACKED_DECODE_MIN_SEQS sequences take;
+- the split-KV decode kernel with the split size the engine picks for a step of that many sequences
+  (fast.attention.decode_split_size), which decode steps of at most fast.attention.PACKED_DECODE_MIN_SEQS
+  sequences take;
 - the prefill kernel with packed GQA rows on the 16 x 64 tiles, unmasked before the diagonal, which
   larger decode steps take.
 
@@ -29,7 +30,6 @@ from reports.invariant_attention_bench import BLOCK_SIZE, HEAD_DIM, NUM_Q_HEADS,
 
 BATCHES = (1, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 CONTEXTS = (600, 2000)
-ENGINE_MAX_SEQS = 256
 CALLS = 20
 
 
@@ -38,7 +38,7 @@ def _kernels(num_seqs: int, context: int, generator: torch.Generator):
     paged = paged_cache(num_seqs, context, generator)
     q = queries(num_seqs, generator)
     max_len = paged.block_tables.shape[1] * BLOCK_SIZE
-    split = decode_split_size(ENGINE_MAX_SEQS)
+    split = decode_split_size(num_seqs)
     workspace = decode_workspace(num_seqs, NUM_Q_HEADS, -(-max_len // split), HEAD_DIM, q.device)
     decode_out, packed_out = torch.empty_like(q), torch.empty_like(q)
     cu = cu_seqlens(num_seqs, 1)
@@ -82,7 +82,7 @@ def run() -> dict[str, object]:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "shape": {"q_heads": NUM_Q_HEADS, "kv_heads": 8, "head_dim": HEAD_DIM, "dtype": "bfloat16"},
-        "decode_split_size": decode_split_size(ENGINE_MAX_SEQS),
+        "decode_split_sizes": {n: decode_split_size(n) for n in BATCHES},
         "packed_decode_min_seqs": PACKED_DECODE_MIN_SEQS,
         "rows": rows,
     }

@@ -421,14 +421,15 @@ def serving_app(settings: LoadSettings, engine_config, mode: str):
 
 
 def engine_config_for(settings: LoadSettings, requests: Sequence[LoadRequest]):
-    """The settings given; what was not given is sized so that all clients run at once (the pool too,
-    unless the engine sizes its own pool from GPU memory)."""
+    """The settings given, and nothing else where the engine sizes itself (the fast engine on CUDA);
+    elsewhere what was not given is sized so that all clients run at once (batch limit and pool)."""
     from reports.bench_runners import WARMUP_MAX_TOKENS, WARMUP_PROMPT
-    from spec.engine_config import DEFAULT_NUM_BLOCKS, EngineConfig
+    from spec.engine_config import DEFAULT_NUM_BLOCKS, SMALL_BATCHES, EngineConfig
     from twinfer.registry import engine_entry
 
-    sized: dict[str, object] = {"max_num_seqs": max(EngineConfig().max_num_seqs, len(requests))}
+    sized: dict[str, object] = {}
     if not (engine_entry(settings.engine).sizes_kv_pool_from_gpu_memory and settings.device.type == "cuda"):
+        sized["max_num_seqs"] = max(SMALL_BATCHES.max_num_seqs, len(requests))
         block_size = int(settings.engine_settings.get("block_size", EngineConfig().block_size))
         lengths = [len(r.prompt_token_ids) + r.max_tokens for r in requests] + [len(WARMUP_PROMPT) + WARMUP_MAX_TOKENS]
         sized["num_blocks"] = max(DEFAULT_NUM_BLOCKS, sum(-(-n // block_size) for n in lengths))

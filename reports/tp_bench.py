@@ -238,12 +238,12 @@ def run_engine(
     engine only (fast.parallel), so a second 2-rank engine here would measure NCCL alone.
     profile: one more, untimed run of each phase under torch.profiler, in rank 0's process (its
     GPU's kernels, the time its all-reduce kernels wait for the other rank included).
-    base: the engine settings besides the batch limit and the rank count (async scheduling, PDL)."""
+    base: the engine settings besides the rank count (async scheduling, PDL); the batch limits are the
+    engine's defaults for the device unless base gives them."""
     from fast.engine import FastEngine
     from reports.bench import phase_metrics, run_record
 
-    max_seqs = max(EngineConfig().max_num_seqs, *(len(phase.requests) for phase, _ in phases))
-    engine_config = dataclasses.replace(base or EngineConfig(), max_num_seqs=max_seqs, tensor_parallel_size=ranks)
+    engine_config = dataclasses.replace(base or EngineConfig(), tensor_parallel_size=ranks)
     result: dict[str, object] = {"ranks": ranks}
     with FastEngine.from_pretrained(checkpoint, engine_config, dtype, device) as engine:
         result["engine_config"] = dataclasses.asdict(engine.config)

@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
 
 DEFAULT_NUM_BLOCKS = 1024
+
+
+@dataclass(frozen=True)
+class BatchDefaults:
+    """What an engine uses where EngineConfig leaves a batch setting None: each engine passes its own,
+    for its device, to `EngineConfig.resolved` (the fast engine's on CUDA are its measured fastest)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    async_scheduling: bool
+
+
+# The reference engine everywhere, and the fast engine through Triton's CPU interpreter: small batches,
+# whose buffers and warm-up cost little where every step is slow anyway.
+SMALL_BATCHES = BatchDefaults(max_num_seqs=64, max_num_batched_tokens=2048, async_scheduling=False)
 
 
 @dataclass(frozen=True)
@@ -19,8 +35,12 @@ class EngineConfig:
         fast engine on a GPU sizes the pool from free memory (gpu_memory_utilization); every other
         engine and device uses DEFAULT_NUM_BLOCKS. Give the same number to engines compared
         side by side, so that their scheduling decisions are identical.
-    max_num_seqs: most requests running at once.
-    max_num_batched_tokens: most tokens computed in one step (prefill chunks plus decodes).
+    max_num_seqs: most requests running at once; None: the engine's default for its device.
+        None (the default): the engine's own for its device (BatchDefaults): 256 for the fast engine on
+        CUDA, 64 for the reference engine and on the CPU. The engine's `config` holds the resolved value.
+    max_num_batched_tokens: most tokens computed in one step (prefill chunks plus decodes); None: per device.
+        None (the default): the engine's own for its device: 8192 for the fast engine on CUDA, 2048 for
+        the reference engine and on the CPU.
     max_model_len: longest sequence (prompt plus output) a request may reach; None means the
         model's max_position_embeddings (see `resolved`).
     enable_prefix_caching: reuse full KV blocks across requests by their chained content hash.
@@ -34,7 +54,8 @@ class EngineConfig:
         with fixed tiles for prefill and decode); slower. The reference engine ignores it.
     tensor_parallel_size: GPUs (ranks, one process each) the fast engine splits the model across;
         1 is a single process.
-    async_scheduling: the fast engine plans, loads and launches step n+1 while the device runs step n.
+    async_scheduling: the fast engine plans, loads and launches step n+1 while the device runs step n; None: on.
+        None (the default): on for the fast engine on every device, off (ignored) in the reference engine.
         It plans ahead in the steps where no request's finish depends on the value of the token step n
         samples (no stop or end-of-sequence id can end it: ignore_eos and no stop_token_ids), and
         loads step n+1's inputs then (its decode tokens filled in on the device); where step
@@ -59,8 +80,8 @@ class EngineConfig:
 
     block_size: int = 16
     num_blocks: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     check_invariants: bool = False
@@ -68,14 +89,14 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
     batch_invariant: bool = False
     tensor_parallel_size: int = 1
-    async_scheduling: bool = False
+    async_scheduling: bool | None = None
     programmatic_dependent_launch: bool | None = None
     fused_all_reduce_norm: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             value = getattr(self, name)
-            if name == "num_blocks" and value is None:
+            if value is None and name in _RESOLVED_BY_ENGINE:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine setting {name!r} must be a positive integer, got {value!r}")
@@ -87,21 +108,26 @@ class EngineConfig:
             "programmatic_dependent_launch", "fused_all_reduce_norm",
         )  # fmt: skip
         for name in switches:
-            if name == "programmatic_dependent_launch" and self.programmatic_dependent_launch is None:
-                continue  # where the device supports it
-            if not isinstance(getattr(self, name), bool):
-                also = " (or None: where the device supports it)" if name == "programmatic_dependent_launch" else ""
-                raise ConfigError(f"engine setting {name!r} must be a bool{also}, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if value is None and name in _RESOLVED_BY_ENGINE:
+                continue
+            if not isinstance(value, bool):
+                also = f" (or None: {_RESOLVED_BY_ENGINE[name]})" if name in _RESOLVED_BY_ENGINE else ""
+                raise ConfigError(f"engine setting {name!r} must be a bool{also}, got {value!r}")
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
 
-    def resolved(self, model: ModelConfig, num_blocks: int | None = None) -> EngineConfig:
-        """This configuration with max_model_len (checked against the model) and num_blocks filled in.
+    def resolved(
+        self, model: ModelConfig, num_blocks: int | None = None, batches: BatchDefaults = SMALL_BATCHES
+    ) -> EngineConfig:
+        """This configuration with max_model_len (checked against the model), num_blocks and the batch
+        settings left None filled in.
 
         num_blocks: the pool size an engine chose itself (used only when num_blocks is None here);
         otherwise DEFAULT_NUM_BLOCKS.
+        batches: the engine's defaults for its device, for the batch settings left None.
         """
         max_model_len = self.max_model_len if self.max_model_len is not None else model.max_position_embeddings
         if max_model_len > model.max_position_embeddings:
@@ -110,7 +136,14 @@ class EngineConfig:
                 f"{model.max_position_embeddings}"
             )
         pool = self.num_blocks if self.num_blocks is not None else (num_blocks or DEFAULT_NUM_BLOCKS)
-        return replace(self, max_model_len=max_model_len, num_blocks=pool)
+        return replace(
+            self,
+            max_model_len=max_model_len,
+            num_blocks=pool,
+            max_num_seqs=_given_or(self.max_num_seqs, batches.max_num_seqs),
+            max_num_batched_tokens=_given_or(self.max_num_batched_tokens, batches.max_num_batched_tokens),
+            async_scheduling=_given_or(self.async_scheduling, batches.async_scheduling),
+        )
 
     @property
     def pool_blocks(self) -> int:
@@ -126,3 +159,19 @@ class EngineConfig:
 
     def blocks_for_tokens(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+
+T = TypeVar("T")
+
+# Settings whose None an engine resolves, with what None means (for the validation errors).
+_RESOLVED_BY_ENGINE = {
+    "num_blocks": "the engine sizes the pool",
+    "max_num_seqs": "the engine's default for its device",
+    "max_num_batched_tokens": "the engine's default for its device",
+    "async_scheduling": "the engine's default",
+    "programmatic_dependent_launch": "where the device supports it",
+}
+
+
+def _given_or(value: T | None, default: T) -> T:
+    return default if value is None else value

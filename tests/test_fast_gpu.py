@@ -101,6 +101,26 @@ def test_cuda_graphs_on_and_off_give_identical_fp32_tokens(fp32_weights) -> None
         )
 
 
+def test_decode_context_buckets_at_the_default_context_give_the_eager_bits(fp32_weights) -> None:
+    """At the model's default 40,960-token context, decode steps replay the graph of their context bucket
+    (2048, 4096, 8192 here: a step's longest sequence picks it) and give the bits of the eager engine,
+    which launches the decode kernel over the same buckets, and of an engine at max_model_len 8192 (only
+    the grid differs: the split count). Batches of 1-3 run the decode kernel (not the packed rows)."""
+    settings = {"max_model_len": None, "num_blocks": 2048}
+    graphs = engine("fast", fp32_weights, **settings)
+    eager = engine("fast", fp32_weights, enable_cuda_graphs=False, **settings)
+    short = engine("fast", fp32_weights, enable_cuda_graphs=False, num_blocks=2048, max_model_len=8192)
+    assert graphs.config.max_model_len == 40960 and graphs.runner.graphs.num_graphs > len(graphs.runner.graphs.sizes)
+    attention = graphs.runner.attention
+    assert [attention.decode_context(1, n) for n in (300, 3000, 5000)] == [2048, 4096, 8192]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
+    for lengths in ([300], [300, 3000], [100, 2100, 5000]):
+        prompts = prompts_of(lengths, seed=len(lengths))
+        ours, eager_out, short_out = (e.generate(prompts, params) for e in (graphs, eager, short))
+        for other in (eager_out, short_out):
+            assert [(o.token_ids, o.logprobs) for o in ours] == [(t.token_ids, t.logprobs) for t in other], lengths
+
+
 def test_async_scheduling_gives_the_step_by_step_outputs_bit_for_bit(fp32_weights) -> None:
     """EngineConfig.async_scheduling on a GPU, CUDA graphs on: the next plan is made while the device
     runs (the sampled tokens are read after it), with the same plans, so the same bits come out."""
@@ -129,9 +149,10 @@ def test_programmatic_dependent_launch_gives_the_same_bits(fp32_weights, dtype: 
     config, state_dict = fp32_weights
     weights = (config, {name: tensor.to(dtype) for name, tensor in state_dict.items()})
     prompts = prompts_of([1, 16, 17, 100, 300], seed=12)
-    for settings in ({}, {"max_num_batched_tokens": 64}, {"async_scheduling": True}):
+    step_by_step = {"async_scheduling": False}
+    for settings in (step_by_step, step_by_step | {"max_num_batched_tokens": 64}, {"async_scheduling": True}):
         with_pdl = engine("fast", weights, dtype, programmatic_dependent_launch=True, **settings)
-        without = engine("fast", weights, dtype, **settings)
+        without = engine("fast", weights, dtype, programmatic_dependent_launch=False, **settings)
         ours, theirs = with_pdl.generate(prompts, GREEDY_32), without.generate(prompts, GREEDY_32)
         assert [(o.token_ids, o.logprobs) for o in ours] == [(t.token_ids, t.logprobs) for t in theirs], settings
 

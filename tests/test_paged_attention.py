@@ -27,6 +27,7 @@ def _decode_step(group: int, dtype: torch.dtype):
         is_decode=True,
         num_seqs=len(SEQ_LENS),
         max_query_len=1,
+        decode_context=80,
         block_tables=cache.block_tables.clamp(min=0),  # the engine's padding columns point at a real block
         seq_lens=cache.seq_lens,
         cu_seqlens_q=torch.arange(len(SEQ_LENS) + 1, dtype=torch.int32, device=DEVICE),
@@ -80,3 +81,42 @@ def test_the_threshold_is_a_cuda_graph_batch_size(max_batch: int) -> None:
     """A step padded to its graph's batch size picks the kernel the same step picks run eagerly: no
     graph size lies strictly between a batch at or below the threshold and the threshold itself."""
     assert PACKED_DECODE_MIN_SEQS in graph_batch_sizes(max_batch)
+
+
+def test_decode_context_buckets_double_from_2048_up_to_max_model_len() -> None:
+    assert fast.attention.context_buckets(40960) == (2048, 4096, 8192, 16384, 32768, 40960)
+    assert fast.attention.context_buckets(4096) == (2048, 4096)
+    assert fast.attention.context_buckets(3000) == (2048, 3000)
+    assert fast.attention.context_buckets(100) == (100,)
+
+
+def test_a_decode_step_launches_over_the_smallest_bucket_that_keeps_one_program_per_split() -> None:
+    """decode_context: a short step at Qwen3's default 40,960-token context launches the decode kernel
+    over the smallest bucket holding its longest sequence, as at max_model_len 2048, while that grid keeps
+    one program per split; past that over max_model_len (one bounded grid for every longer bucket). On
+    the CPU the wrapper counts 4 SMs: one program per split up to 124 x 4 = 496 programs; 128-key splits
+    up to 64 sequences, 512-key ones beyond."""
+    backend = PagedAttention(16, 8, 128, max_num_seqs=256, max_model_len=40960, device=torch.device("cpu"))
+    assert backend.decode_context(1, 300) == 2048  # 16 splits x 8 KV heads: 128 programs
+    assert backend.decode_context(1, 2049) == 4096  # 32 x 8 = 256
+    assert backend.decode_context(1, 5000) == 40960  # 64 x 8 = 512 > 496: the bounded grid
+    assert backend.decode_context(4, 300) == 40960  # 4 x 8 x 16 = 512 > 496
+    assert backend.decode_context(3, 2048) == 2048  # 3 x 8 x 16 = 384
+    assert backend.decode_context(PACKED_DECODE_MIN_SEQS + 1, 300) == 40960  # packed rows: no decode kernel
+    assert backend.graph_contexts(1) == (2048, 4096, 40960)
+    assert backend.graph_contexts(4) == (40960,)
+    invariant = PagedAttention(16, 8, 128, 256, 40960, torch.device("cpu"), batch_invariant=True)
+    assert invariant.graph_contexts(1) == (40960,)  # every step runs the prefill kernel
+
+
+@pytest.mark.parametrize("max_model_len", [100, 2048, 5000, 40960])
+def test_every_decode_context_holds_the_step_and_has_a_graph(max_model_len: int) -> None:
+    """For every graph batch size and longest sequence, the bound holds the sequence and a graph of that
+    (size, bound) is captured: a replay never finds its graph missing or reads past its grid."""
+    backend = PagedAttention(16, 8, 128, max_num_seqs=256, max_model_len=max_model_len, device=torch.device("cpu"))
+    lengths = sorted({1, 2, 2047, 2048, 2049, max_model_len - 1, max_model_len} - {0})
+    for size in graph_batch_sizes(256):
+        graphs = backend.graph_contexts(size)
+        for length in (n for n in lengths if n <= max_model_len):
+            context = backend.decode_context(size, length)
+            assert length <= context <= max_model_len and context in graphs, (size, length, context)

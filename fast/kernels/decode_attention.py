@@ -281,13 +281,19 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+def one_program_per_split(num_seqs: int, num_kv_heads: int, num_splits: int, device: torch.device) -> bool:
+    """Whether the default grid has one program per split (the loop-free kernel) for these host ints:
+    while the whole grid stays within ONE_PROGRAM_PER_SPLIT_MAX_PER_SM programs per SM."""
+    return max(1, num_seqs * num_kv_heads) * num_splits <= ONE_PROGRAM_PER_SPLIT_MAX_PER_SM * _num_sms(device)
+
+
 def _grid_splits(num_seqs: int, num_kv_heads: int, num_splits: int, device: torch.device) -> int:
-    """Programs along the split axis, from host ints only. One per split (the loop-free kernel) while
-    the whole grid stays within ONE_PROGRAM_PER_SPLIT_MAX_PER_SM programs per SM; beyond that about
-    GRID_PROGRAMS_PER_SM per SM in all, each taking every grid_splits-th split of its sequence."""
-    pairs = max(1, num_seqs * num_kv_heads)
-    if pairs * num_splits <= ONE_PROGRAM_PER_SPLIT_MAX_PER_SM * _num_sms(device):
+    """Programs along the split axis, from host ints only. One per split where `one_program_per_split`;
+    beyond that about GRID_PROGRAMS_PER_SM per SM in all, each taking every grid_splits-th split of its
+    sequence."""
+    if one_program_per_split(num_seqs, num_kv_heads, num_splits, device):
         return num_splits
+    pairs = max(1, num_seqs * num_kv_heads)
     return max(1, min(num_splits, triton.cdiv(GRID_PROGRAMS_PER_SM * _num_sms(device), pairs)))
 
 

@@ -213,7 +213,9 @@ def test_decode_small_head_dims(dtype: torch.dtype, head_dim: int) -> None:
 def test_decode_result_is_the_same_bits_for_every_grid_split_count(dtype: torch.dtype) -> None:
     """The split axis of the grid only decides which program computes which split (program p takes
     splits p, p + grid_splits, ...): every count from 1 to num_splits gives the same bits. Sequences of
-    1, 2 and 5 splits of 16 keys in a grid made for 7 (max_seq_len 100)."""
+    1, 2 and 5 splits of 16 keys in a grid made for 7 (max_seq_len 100). So does every max_seq_len bound
+    at or above the longest sequence (the engine's decode context buckets, fast.attention): it sets only
+    the split count, and the reduction reads only a sequence's own splits."""
     generator = seeded_generator(11)
     cache = build_paged_cache([70, 1, 33], 16, 2, 32, dtype, generator, spare_table_columns=3)
     q = torch.randn((3, 4, 32), generator=generator).to(dtype).to(DEVICE)
@@ -222,6 +224,9 @@ def test_decode_result_is_the_same_bits_for_every_grid_split_count(dtype: torch.
     for grid_splits, result in enumerate(results[1:], start=2):
         assert torch.equal(result, results[0]), f"grid_splits={grid_splits}"
     assert torch.equal(decode_attention(*args, split_size=16, block_n=16), results[0]), "the default count"
+    for bound in (70, 71, 128):  # the table holds 5 + 3 blocks of 16 keys
+        bounded = decode_attention(*args[:-1], bound, split_size=16, block_n=16)
+        assert torch.equal(bounded, results[0]), f"max_seq_len={bound}"
 
 
 def test_decode_grid_keeps_one_program_per_split_unless_the_grid_grows_large() -> None:
