@@ -13,6 +13,7 @@ from reports.differential import DiffRecord, PairComparison, hf_greedy_trace, tr
 from reports.endpoint import endpoint_url, is_endpoint, run_greedy, teacher_forced_check
 from spec.agreement import Trace, compare_traces
 from spec.checkpoint import load_model_config, parse_dtype, resolve_checkpoint
+from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.sampling_params import SamplingParams
 from twinfer.llm import load_tokenizer
@@ -48,8 +49,10 @@ def run_diff(
     logprob_tolerance: float,
     text_prompts: Sequence[str],
     token_prompts: Sequence[Sequence[int]],
+    engine_config: EngineConfig | None = None,
 ) -> DiffRecord:
-    """Greedy traces of every prompt from each engine, then every pair of engines compared (in the order named)."""
+    """Greedy traces of every prompt from each engine, then every pair of engines compared (in the order named).
+    engine_config: the local engines' settings (None: each engine's defaults)."""
     check_diff_engines(engines)
     target = resolve_device(device)
     for name in engines:  # fail before any engine runs, not after the first has taken minutes
@@ -70,7 +73,9 @@ def run_diff(
             traces[name] = result.traces
             endpoint_notes[name] = {"notes": result.notes, "unmapped_alternatives": result.unmapped_alternatives}
         else:
-            traces[name] = _engine_traces(name, checkpoint, torch_dtype, target, prompts, max_new_tokens, top_k)
+            traces[name] = _engine_traces(
+                name, checkpoint, engine_config, torch_dtype, target, prompts, max_new_tokens, top_k
+            )
     rule = "exact" if torch_dtype == torch.float32 else "near-tie"
     record = DiffRecord(
         engines=list(engines),
@@ -102,13 +107,14 @@ def run_diff(
 def _engine_traces(
     name: str,
     checkpoint: Path,
+    engine_config: EngineConfig | None,
     dtype: torch.dtype,
     device: torch.device,
     prompts: list[list[int]],
     max_new_tokens: int,
     top_k: int,
 ) -> list[Trace]:
-    engine = build_engine(name, checkpoint, None, dtype, device)
+    engine = build_engine(name, checkpoint, engine_config, dtype, device)
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True, logprobs=top_k)
     return [trace_from_output(output) for output in engine.generate(prompts, params)]
 

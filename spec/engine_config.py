@@ -31,18 +31,17 @@ class EngineConfig:
     """Limits the scheduler and block allocator work within, validated at construction.
 
     block_size: tokens per KV block (a power of two).
-    num_blocks: KV blocks in the pool (per layer; every layer shares the block tables). None: the
-        fast engine on a GPU sizes the pool from free memory (gpu_memory_utilization); every other
-        engine and device uses DEFAULT_NUM_BLOCKS. Give the same number to engines compared
-        side by side, so that their scheduling decisions are identical.
-    max_num_seqs: most requests running at once; None: the engine's default for its device.
+    num_blocks: KV blocks in the pool (per layer); None: sized from GPU memory by the fast engine on CUDA.
+        Every layer shares the block tables. None: the fast engine on a GPU sizes the pool from free
+        memory (gpu_memory_utilization); every other engine and device uses DEFAULT_NUM_BLOCKS. Give
+        the same number to engines compared side by side, so that their scheduling decisions are identical.
+    max_num_seqs: most requests running at once; None: 256 for the fast engine on CUDA, else 64.
         None (the default): the engine's own for its device (BatchDefaults): 256 for the fast engine on
         CUDA, 64 for the reference engine and on the CPU. The engine's `config` holds the resolved value.
-    max_num_batched_tokens: most tokens computed in one step (prefill chunks plus decodes); None: per device.
-        None (the default): the engine's own for its device: 8192 for the fast engine on CUDA, 2048 for
-        the reference engine and on the CPU.
-    max_model_len: longest sequence (prompt plus output) a request may reach; None means the
-        model's max_position_embeddings (see `resolved`).
+    max_num_batched_tokens: most tokens computed in one step; None: 8192 for the fast engine on CUDA, else 2048.
+        Prefill chunks plus decodes. None (the default): the engine's own for its device (BatchDefaults).
+    max_model_len: longest sequence (prompt plus output) a request may reach; None: the model's maximum.
+        None means the model's max_position_embeddings (see `resolved`).
     enable_prefix_caching: reuse full KV blocks across requests by their chained content hash.
     check_invariants: check the spec invariants after every scheduling decision and step
         (slow; used by tests and fuzzers).
@@ -55,7 +54,7 @@ class EngineConfig:
     tensor_parallel_size: GPUs (ranks, one process each) the fast engine splits the model across;
         1 is a single process.
     async_scheduling: the fast engine plans, loads and launches step n+1 while the device runs step n; None: on.
-        None (the default): on for the fast engine on every device, off (ignored) in the reference engine.
+        None (the default): on for the fast engine on every device; the reference engine ignores it.
         It plans ahead in the steps where no request's finish depends on the value of the token step n
         samples (no stop or end-of-sequence id can end it: ignore_eos and no stop_token_ids), and
         loads step n+1's inputs then (its decode tokens filled in on the device); where step

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 from fast.engine import FastEngine
 from reports import host_overhead
@@ -22,6 +21,7 @@ from spec.engine_config import EngineConfig
 from spec.request import PENDING_TOKEN, FinishLimits, LifecycleError, Request, RequestOutput
 from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
+from tests.engines import build_engine
 
 MAX_TOKENS = 5
 
@@ -50,7 +50,7 @@ def recorded(engine: FastEngine) -> list[StepPlan]:
 def fast_engine(tiny_weights, async_scheduling: bool, **settings: object) -> FastEngine:
     config, state_dict = tiny_weights
     engine_config = EngineConfig(block_size=4, check_invariants=True, async_scheduling=async_scheduling, **settings)
-    return FastEngine(config, state_dict, engine_config, torch.float32, "cpu")
+    return build_engine("fast", config, state_dict, engine_config)  # type: ignore[return-value]
 
 
 def greedy(**changes: object) -> SamplingParams:

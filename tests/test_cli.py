@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from reports.bench import WORKLOAD_SUMMARIES
+from tests.engines import FAST_DEVICE
 from twinfer import cli
 from twinfer.cli import DIFF_TEXT_PROMPTS, DIFF_TOKEN_PROMPTS, build_parser, main
 
@@ -197,7 +198,8 @@ def test_diff_reports_full_agreement(tiny_checkpoint: Path, tmp_path: Path, caps
 def test_diff_compares_every_pair_of_three_engines(
     tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """fast (through Triton's interpreter on the CPU), reference and transformers: three pairs."""
+    """fast (on the GPU where there is one, else through Triton's interpreter), reference and transformers
+    on the same device: three pairs."""
     record_path = tmp_path / "diff.json"
     code = main(
         [
@@ -207,7 +209,9 @@ def test_diff_compares_every_pair_of_three_engines(
             "--model",
             str(tiny_checkpoint),
             "--device",
-            "cpu",
+            FAST_DEVICE,
+            "--num-blocks",  # on CUDA the fast engine would size its pool from the GPU the other workers share
+            "256",
             "--max-new-tokens",
             "3",
             "--json",

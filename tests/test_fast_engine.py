@@ -1,6 +1,7 @@
-"""The fast engine (Triton kernels through the CPU interpreter, fp32) against the reference engine
-and transformers: identical greedy tokens and top-5 logprobs within 1e-4 on the differential cases,
-with the scheduling decisions (plans, prefix hits, preemptions) identical to the reference's.
+"""The fast engine (on the GPU where there is one, else its Triton kernels through the CPU interpreter;
+fp32) against the reference engine and transformers: identical greedy tokens and top-5 logprobs within
+1e-4 on the differential cases, with the scheduling decisions (plans, prefix hits, preemptions)
+identical to the reference's.
 
 Sequences are short (16 new tokens): the interpreter costs about a second per decode step of the
 tiny model. Longer runs, bf16 and the 0.6B shape run on the GPU (tests/test_fast_gpu.py).
@@ -223,6 +224,7 @@ def test_sampler_rows_set_the_same_columns_as_the_params() -> None:
         sampler.set_sampler_rows([sampler.row(SamplingParams(), 0)], [0, 1])
 
 
+@pytest.mark.interpreter
 def test_programmatic_dependent_launch_is_refused_on_the_cpu_when_asked_for(tiny_weights) -> None:
     config, state_dict = tiny_weights
     settings = EngineConfig(block_size=4, programmatic_dependent_launch=True)
@@ -230,6 +232,7 @@ def test_programmatic_dependent_launch_is_refused_on_the_cpu_when_asked_for(tiny
         FastEngine(config, state_dict, settings, torch.float32, "cpu")
 
 
+@pytest.mark.interpreter
 def test_programmatic_dependent_launch_by_default_is_off_where_unsupported(tiny_weights) -> None:
     """The default (None) resolves on the device: off on the CPU, and the engine's config says so."""
     config, state_dict = tiny_weights

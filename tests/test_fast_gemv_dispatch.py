@@ -2,7 +2,8 @@
 
 On the CPU the runner leaves the GEMV off (Triton only interprets there); these tests force it on
 by giving the runner CUDA's decision (fast.model_runner.small_batch_gemv_enabled with a CUDA
-device), then check, on the tiny fp32 Qwen3 through Triton's interpreter:
+device), and off for the baseline, then check, on the tiny fp32 Qwen3 (on the GPU where there is one,
+else through Triton's interpreter: tests.engines.FAST_DEVICE):
 - logits within 1e-4 of the dispatch off, for steps of 5, 3 and 1 rows, and the same greedy tokens;
 - which calls take the GEMV: the four projections of steps of <= SMALL_BATCH_ROWS rows, never the
   LM head, nothing in a larger step (spies, so removing the wiring fails a test);
@@ -30,9 +31,11 @@ from fast.model_runner import ModelRunner, small_batch_gemv_enabled
 from fast.weights import pack_weights
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
+from tests.engines import FAST_DEVICE
 
 BLOCK_SIZE = 8
 CPU = torch.device("cpu")
+DEVICE = torch.device(FAST_DEVICE)
 # Small enough to build in milliseconds; 4 sequences so a decode step can have several rows.
 SETTINGS = {"block_size": BLOCK_SIZE, "num_blocks": 16, "max_num_seqs": 4, "max_model_len": 64}
 
@@ -40,8 +43,13 @@ Calls = list[tuple[str, int, tuple[int, ...]]]  # (kernel, rows of x, weight sha
 
 
 def _as_on_cuda(device: torch.device, batch_invariant: bool) -> bool:
-    """The runner's decision as it is made for a CUDA device (the runner itself stays on the CPU)."""
+    """The runner's decision as it is made for a CUDA device (on the CPU too)."""
     return small_batch_gemv_enabled(torch.device("cuda"), batch_invariant)
+
+
+def _off(device: torch.device, batch_invariant: bool) -> bool:
+    """The dispatch off (the baseline; on a CUDA device too)."""
+    return False
 
 
 @pytest.fixture
@@ -76,7 +84,7 @@ def spy(wide_tiles: None, monkeypatch: pytest.MonkeyPatch) -> Calls:
 
 def _runner(tiny_weights, **settings: object) -> ModelRunner:
     config, state_dict = tiny_weights
-    return ModelRunner(config, state_dict, EngineConfig(**(SETTINGS | settings)), torch.float32, CPU)  # type: ignore[arg-type]
+    return ModelRunner(config, state_dict, EngineConfig(**(SETTINGS | settings)), torch.float32, DEVICE)  # type: ignore[arg-type]
 
 
 def _prefill(lengths: list[int]) -> list[SequenceInput]:
@@ -118,11 +126,14 @@ def test_runner_decision() -> None:
     assert not small_batch_gemv_enabled(CPU, batch_invariant=False)
 
 
+@pytest.mark.interpreter
 def test_off_on_the_cpu_by_default(tiny_weights) -> None:
-    assert not _runner(tiny_weights).model.small_batch_gemv
+    config, state_dict = tiny_weights
+    assert not ModelRunner(config, state_dict, EngineConfig(**SETTINGS), torch.float32, CPU).model.small_batch_gemv  # type: ignore[arg-type]
 
 
 def test_logits_match_the_dispatch_off(tiny_weights, wide_tiles: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast.model_runner, "small_batch_gemv_enabled", _off)
     baseline = _steps(_runner(tiny_weights))
     monkeypatch.setattr(fast.model_runner, "small_batch_gemv_enabled", _as_on_cuda)
     runner = _runner(tiny_weights)
@@ -138,9 +149,10 @@ def test_greedy_tokens_match_the_dispatch_off(tiny_weights, wide_tiles: None, mo
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
 
     def generate() -> tuple[list[list[int]], bool]:
-        engine = FastEngine(config, state_dict, EngineConfig(**SETTINGS), torch.float32, CPU)  # type: ignore[arg-type]
+        engine = FastEngine(config, state_dict, EngineConfig(**SETTINGS), torch.float32, DEVICE)  # type: ignore[arg-type]
         return [list(o.token_ids) for o in engine.generate(prompts, params)], engine.runner.model.small_batch_gemv
 
+    monkeypatch.setattr(fast.model_runner, "small_batch_gemv_enabled", _off)
     baseline, baseline_gemv = generate()
     monkeypatch.setattr(fast.model_runner, "small_batch_gemv_enabled", _as_on_cuda)
     tokens, gemv = generate()
@@ -178,9 +190,9 @@ def test_batch_invariant_never_takes_the_gemv(tiny_weights, gemv_forced: None, s
 
 def test_batch_invariant_refuses_the_gemv(tiny_weights) -> None:
     config, state_dict = tiny_weights
-    weights = pack_weights(config, state_dict, torch.float32, CPU)
+    weights = pack_weights(config, state_dict, torch.float32, DEVICE)
     with pytest.raises(ValueError, match="not batch-invariant"):
-        FastCausalLM(config, weights, 64, CPU, batch_invariant=True, small_batch_gemv=True)
+        FastCausalLM(config, weights, 64, DEVICE, batch_invariant=True, small_batch_gemv=True)
 
 
 @contextmanager
@@ -193,17 +205,17 @@ def _no_gemv(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_dispatch_rule(spy: Calls, monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows <= SMALL_BATCH_ROWS with a contiguous weight: the GEMV; otherwise torch (same values)."""
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(24, 40, generator=generator)
-    bias = torch.randn(24, generator=generator)
+    weight = torch.randn(24, 40, generator=generator).to(DEVICE)
+    bias = torch.randn(24, generator=generator).to(DEVICE)
     for rows, expected in ((1, "gemv"), (SMALL_BATCH_ROWS, "gemv"), (SMALL_BATCH_ROWS + 1, "linear")):
-        x = torch.randn(rows, 40, generator=generator)
+        x = torch.randn(rows, 40, generator=generator).to(DEVICE)
         spy.clear()
         out = small_batch_dispatch_linear(x, weight, bias)
         assert [name for name, _, _ in spy] == [expected]
         torch.testing.assert_close(out, x @ weight.T + bias, rtol=0, atol=1e-4)
-    strided = torch.randn(40, 24, generator=generator).T  # [24, 40], not contiguous
+    strided = torch.randn(40, 24, generator=generator).to(DEVICE).T  # [24, 40], not contiguous
     with _no_gemv(monkeypatch):
-        x = torch.randn(1, 40, generator=generator)
+        x = torch.randn(1, 40, generator=generator).to(DEVICE)
         torch.testing.assert_close(small_batch_dispatch_linear(x, strided), x @ strided.T, rtol=0, atol=1e-4)
 
 

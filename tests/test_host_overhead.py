@@ -58,8 +58,9 @@ def test_profile_lists_the_top_functions(record: dict[str, object]) -> None:
     assert any(location.startswith("spec/engine.py:") for location in locations)  # ScheduledEngine.step
 
 
+@pytest.mark.interpreter
 def test_stub_engine_sets_what_fast_engine_sets(tiny_weights) -> None:
-    # HostOnlyFastEngine replaces FastEngine.__init__: it must leave the engine in the same shape.
+    # HostOnlyFastEngine replaces FastEngine.__init__ on the CPU: it must leave the engine in the same shape.
     model_config, state_dict = tiny_weights
     real = FastEngine(model_config, state_dict, EngineConfig(), torch.float32, "cpu")
     stub = host_overhead.HostOnlyFastEngine(model_config, EngineConfig())

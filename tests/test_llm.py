@@ -14,6 +14,7 @@ import torch
 import twinfer
 from reference.engine import ReferenceEngine
 from spec.errors import ConfigError, InvalidRequestError
+from tests.engines import FAST_DEVICE
 from twinfer import LLM, EngineConfig, SamplingParams
 from twinfer.registry import default_engine_name, engine_class
 
@@ -94,10 +95,14 @@ def test_fast_engine_without_interpreter_fails_clearly_in_a_fresh_process(tiny_c
 
 @pytest.mark.differential
 def test_fast_engine_through_llm_matches_the_reference(tiny_checkpoint: Path) -> None:
-    """With the interpreter on (conftest sets it on CPU machines), LLM runs the fast engine."""
+    """LLM runs the fast engine: on the GPU where there is one, else through the interpreter (conftest
+    sets it on CPU machines)."""
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    fast = LLM(tiny_checkpoint, engine="fast", dtype="float32", device="cpu")
+    # num_blocks: on CUDA the pool would be sized from the GPU memory the other pytest workers share.
+    fast = LLM(
+        tiny_checkpoint, engine="fast", dtype="float32", device=FAST_DEVICE, engine_config=EngineConfig(num_blocks=64)
+    )
     reference = LLM(tiny_checkpoint, engine="reference", dtype="float32", device="cpu")
     assert type(fast.engine).__name__ == "FastEngine"
     fast_outputs = fast.generate(prompts, params)

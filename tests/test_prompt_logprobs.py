@@ -33,7 +33,7 @@ SHARED_PREFIX = random_prompt(16)
 def make_engine(name: str, tiny_weights, **settings: object):
     config, state_dict = tiny_weights
     settings.setdefault("check_invariants", True)
-    return build_engine(name, config, state_dict, EngineConfig(**settings), torch.float32, "cpu")
+    return build_engine(name, config, state_dict, EngineConfig(**settings), torch.float32)
 
 
 @torch.inference_mode()

@@ -11,6 +11,7 @@ import torch
 
 from spec.model_config import ModelConfig
 from spec.rope import cos_sin_cache, rope_cos_sin, rope_parameters
+from tests.engines import FAST_DEVICE
 
 HEAD_DIM = 32
 HALF = HEAD_DIM // 2
@@ -126,11 +127,13 @@ def test_kernel_with_the_cache_rotates_like_the_reference_model(case: str) -> No
     with torch.no_grad():
         expected_q = q_norm(q) * cos[:, None] + rotate_half(q_norm(q)) * sin[:, None]
         expected_k = k_norm(k) * cos[:, None] + rotate_half(k_norm(k)) * sin[:, None]
-        qk_norm_rope_(
-            q, k, q_norm.weight.detach(), k_norm.weight.detach(), cos_sin_cache(config, MAX_POSITIONS), positions, eps
-        )
-    torch.testing.assert_close(q, expected_q, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(k, expected_k, rtol=1e-5, atol=1e-5)
+        # The kernel where the fast engine's tests run (tests.engines.FAST_DEVICE), in place.
+        q, k = q.to(FAST_DEVICE), k.to(FAST_DEVICE)
+        weights = (q_norm.weight.detach().to(FAST_DEVICE), k_norm.weight.detach().to(FAST_DEVICE))
+        cache = cos_sin_cache(config, MAX_POSITIONS).to(FAST_DEVICE)
+        qk_norm_rope_(q, k, *weights, cache, positions.to(FAST_DEVICE), eps)
+    torch.testing.assert_close(q.cpu(), expected_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k.cpu(), expected_k, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

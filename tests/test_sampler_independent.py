@@ -31,7 +31,7 @@ from fast.sampler import Sampler
 from spec.request import RequestOutput
 from spec.sampling import SamplingRow, kept_mask, sample_tokens
 from spec.sampling_params import SamplingParams
-from tests.engines import ENGINE_NAMES, build_engine
+from tests.engines import ENGINE_NAMES, FAST_DEVICE, build_engine
 
 # -- the independent implementation ---------------------------------------------------------
 
@@ -146,9 +146,11 @@ def spec_kept_and_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple
 
 
 def fast_kept_and_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
-    sampler = Sampler(max_num_seqs=len(rows) + 2, vocab_size=logits.shape[1], device="cpu")
+    """The fast sampler where the fast engine's tests run (tests.engines.FAST_DEVICE); results on the CPU."""
+    sampler = Sampler(max_num_seqs=len(rows) + 2, vocab_size=logits.shape[1], device=FAST_DEVICE)
     sampler.set_rows(rows)
-    return sampler.kept_mask(logits), sampler.sample(logits)
+    on_device = logits.to(FAST_DEVICE)
+    return sampler.kept_mask(on_device).cpu(), sampler.sample(on_device).cpu()
 
 
 SAMPLERS = {"spec": spec_kept_and_tokens, "fast": fast_kept_and_tokens}
@@ -266,8 +268,9 @@ def test_exact_boundaries_are_decided_by_the_rules(sampler: str) -> None:
 
 
 def test_fast_sampler_reuses_its_buffers_across_batches() -> None:
+    """Against spec.sampling on the same device (tests.engines.FAST_DEVICE)."""
     generator = torch.Generator().manual_seed(0)
-    sampler = Sampler(max_num_seqs=6, vocab_size=40, device="cpu")
+    sampler = Sampler(max_num_seqs=6, vocab_size=40, device=FAST_DEVICE)
     combos = every_combination()
     for step in range(8):
         count = 1 + step % 6
@@ -275,7 +278,7 @@ def test_fast_sampler_reuses_its_buffers_across_batches() -> None:
             SamplingRow(combos[(7 * step + i) % len(combos)], seed=step * 31 + i, output_position=step)
             for i in range(count)
         ]
-        logits = torch.randn(count, 40, generator=generator).round(decimals=1)
+        logits = torch.randn(count, 40, generator=generator).round(decimals=1).to(FAST_DEVICE)
         sampler.set_rows(rows)
         assert sampler.all_greedy == all(row.params.is_greedy for row in rows)
         assert torch.equal(sampler.sample(logits), sample_tokens(logits, rows)), step
@@ -306,12 +309,12 @@ def test_fast_sampler_on_cuda_is_bit_identical_to_spec_at_a_real_vocabulary() ->
 
 
 def test_fast_sampler_refuses_batches_it_was_not_set_for() -> None:
-    sampler = Sampler(max_num_seqs=2, vocab_size=10, device="cpu")
+    sampler = Sampler(max_num_seqs=2, vocab_size=10, device=FAST_DEVICE)
     with pytest.raises(ValueError, match="does not fit"):
         sampler.set_rows([SamplingRow(SamplingParams(), 0, 0)] * 3)
     sampler.set_rows([SamplingRow(SamplingParams(), 0, 0)] * 2)
     with pytest.raises(ValueError, match=r"logits must be \[2, 10\]"):
-        sampler.sample(torch.zeros(1, 10))
+        sampler.sample(torch.zeros(1, 10, device=FAST_DEVICE))
 
 
 # -- end to end: every sampled token, from transformers' logits ---------------------------------
@@ -342,7 +345,7 @@ def make_engine(name: str, tiny_weights, **settings: object):
     from spec.engine_config import EngineConfig
 
     config, state_dict = tiny_weights
-    return build_engine(name, config, state_dict, EngineConfig(**settings), torch.float32, "cpu")
+    return build_engine(name, config, state_dict, EngineConfig(**settings), torch.float32)
 
 
 @torch.inference_mode()

@@ -125,6 +125,7 @@ def _add_diff_command(commands: argparse._SubParsersAction) -> None:
         "--logprob-tolerance", type=float, default=1e-4, help="largest allowed logprob difference in fp32"
     )
     diff.add_argument("--json", type=Path, help="write the comparison record as JSON to this file")
+    add_engine_arguments(diff)
     diff.set_defaults(handler=_run_diff)
 
 
@@ -272,6 +273,7 @@ def _run_diff(args: argparse.Namespace) -> int:
         logprob_tolerance=args.logprob_tolerance,
         text_prompts=DIFF_TEXT_PROMPTS,
         token_prompts=DIFF_TOKEN_PROMPTS,
+        engine_config=engine_config_from_args(args),
     )
     for comparison in record.comparisons:
         print(f"{comparison.candidate} vs {comparison.baseline}:")

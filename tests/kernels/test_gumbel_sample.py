@@ -12,9 +12,10 @@ import torch
 
 from fast.kernels.gumbel_sample import BLOCK_V, chunk_count, gumbel_sample
 from spec.sampling import gumbel_max, gumbel_noise, row_keys, scale_logits
+from tests.kernels.reference import DEVICE
 
 
-def _rows(count: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _rows(count: int, device: torch.device = DEVICE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     temperature = torch.tensor([0.6, 1.0, 0.3, 2.0, 0.9, 1.7, 0.05, 1.1][:count], device=device)
     seeds = torch.tensor([0, 1, 2**40 + 7, 123_456_789, 5, 2**63 - 1, 42, 9][:count], device=device)
     positions = torch.tensor([0, 3, 100, 2**33, 7, 1, 4095, 65_536][:count], device=device)
@@ -31,7 +32,7 @@ def _spec_tokens(logits, temperature, seeds, positions, keep=None) -> torch.Tens
 def test_tokens_equal_the_spec(vocab_size: int) -> None:
     generator = torch.Generator().manual_seed(vocab_size)
     temperature, seeds, positions = _rows(8)
-    logits = 3 * torch.randn(8, vocab_size, generator=generator)
+    logits = (3 * torch.randn(8, vocab_size, generator=generator)).to(DEVICE)
     tokens = gumbel_sample(logits, temperature, row_keys(seeds, positions))
     assert torch.equal(tokens, _spec_tokens(logits, temperature, seeds, positions))
 
@@ -40,9 +41,9 @@ def test_keep_mask_and_strided_inputs() -> None:
     generator = torch.Generator().manual_seed(1)
     vocab_size = 2 * BLOCK_V + 5
     temperature, seeds, positions = _rows(4)
-    wide = 3 * torch.randn(4, vocab_size + 3, generator=generator)
+    wide = (3 * torch.randn(4, vocab_size + 3, generator=generator)).to(DEVICE)
     logits = wide[:, :vocab_size]  # rows strided, vocabulary contiguous
-    keep = torch.rand(4, vocab_size, generator=generator) > 0.5
+    keep = (torch.rand(4, vocab_size, generator=generator) > 0.5).to(DEVICE)
     keep[2] = False
     keep[2, vocab_size - 1] = True  # the only token row 2 may take, in the last, partial chunk
     strided_temperature = torch.stack([temperature, temperature], dim=1)[:, 0]
@@ -54,9 +55,9 @@ def test_keep_mask_and_strided_inputs() -> None:
 
 def test_caller_workspace_is_used_and_checked() -> None:
     temperature, seeds, positions = _rows(3)
-    logits = torch.randn(3, 100)
-    values = torch.full((3 * chunk_count(100) + 4,), 7.0)
-    tokens = torch.zeros(values.shape, dtype=torch.int64)
+    logits = torch.randn(3, 100).to(DEVICE)
+    values = torch.full((3 * chunk_count(100) + 4,), 7.0, device=DEVICE)
+    tokens = torch.zeros(values.shape, dtype=torch.int64, device=DEVICE)
     result = gumbel_sample(logits, temperature, row_keys(seeds, positions), workspace=(values, tokens))
     assert torch.equal(result, _spec_tokens(logits, temperature, seeds, positions))
     assert not torch.equal(values[:3], torch.full((3,), 7.0))  # written in place
@@ -68,13 +69,15 @@ def test_bad_inputs_are_refused() -> None:
     temperature, seeds, positions = _rows(2)
     keys = row_keys(seeds, positions)
     with pytest.raises(TypeError, match="dtype"):
-        gumbel_sample(torch.randn(2, 10, dtype=torch.float16), temperature, keys)
+        gumbel_sample(torch.randn(2, 10, dtype=torch.float16, device=DEVICE), temperature, keys)
     with pytest.raises(ValueError, match="shape"):
-        gumbel_sample(torch.randn(3, 10), temperature, keys)
+        gumbel_sample(torch.randn(3, 10, device=DEVICE), temperature, keys)
     with pytest.raises(ValueError, match="contiguous"):
-        gumbel_sample(torch.randn(10, 2).t(), temperature, keys)
+        gumbel_sample(torch.randn(10, 2, device=DEVICE).t(), temperature, keys)
     with pytest.raises(ValueError, match="shape"):
-        gumbel_sample(torch.randn(2, 10), temperature, keys, torch.ones(2, 9, dtype=torch.bool))
+        gumbel_sample(
+            torch.randn(2, 10, device=DEVICE), temperature, keys, torch.ones(2, 9, dtype=torch.bool, device=DEVICE)
+        )
 
 
 @pytest.mark.gpu

@@ -57,6 +57,7 @@ def _wall_clock(call: Callable[[int], object], calls: int) -> list[float]:
     return [(time.perf_counter() - started) * 1e6 / calls]
 
 
+@pytest.mark.interpreter
 def test_one_model_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     for name, value in {
         "DTYPE": torch.float32,  # the interpreter has no bf16 arithmetic
