@@ -38,7 +38,7 @@ class EngineConfig:
     max_num_seqs: most requests running at once; None: 256 for the fast engine on CUDA, else 64.
         None (the default): the engine's own for its device (BatchDefaults): 256 for the fast engine on
         CUDA, 64 for the reference engine and on the CPU. The engine's `config` holds the resolved value.
-    max_num_batched_tokens: most tokens computed in one step; None: 8192 for the fast engine on CUDA, else 2048.
+    max_num_batched_tokens: most tokens computed in one step; None: 16384 for the fast engine on CUDA, else 2048.
         Prefill chunks plus decodes. None (the default): the engine's own for its device (BatchDefaults).
     max_model_len: longest sequence (prompt plus output) a request may reach; None: the model's maximum.
         None means the model's max_position_embeddings (see `resolved`).
