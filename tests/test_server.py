@@ -7,6 +7,16 @@ directly with `generate`: the server must return exactly those tokens.
 
 from __future__ import annotations
 
+import pytest
+
+from tests.server_packages import missing
+
+pytest.importorskip("fastapi", reason=missing("fastapi"))
+pytest.importorskip("uvicorn", reason=missing("uvicorn"))
+pytest.importorskip("pydantic", reason=missing("pydantic"))
+pytest.importorskip("httpx", reason=missing("httpx"))
+pytest.importorskip("openai", reason=missing("openai"))
+
 import asyncio
 import functools
 import json
@@ -19,7 +29,6 @@ from pathlib import Path
 
 import httpx
 import openai
-import pytest
 import torch
 
 from reference.engine import ReferenceEngine
