@@ -7,10 +7,18 @@ A stub server that refuses twinfer's extensions and has no echo logprobs exercis
 
 from __future__ import annotations
 
+import pytest
+
+from tests.server_packages import missing
+
+pytest.importorskip("fastapi", reason=missing("fastapi"))
+pytest.importorskip("uvicorn", reason=missing("uvicorn"))
+pytest.importorskip("pydantic", reason=missing("pydantic"))
+pytest.importorskip("httpx", reason=missing("httpx"))
+
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse

@@ -9,6 +9,15 @@ Only hf, the reference engine and the endpoint run here (the fast engine on the 
 
 from __future__ import annotations
 
+import pytest
+
+from tests.server_packages import missing
+
+pytest.importorskip("fastapi", reason=missing("fastapi"))
+pytest.importorskip("uvicorn", reason=missing("uvicorn"))
+pytest.importorskip("pydantic", reason=missing("pydantic"))
+pytest.importorskip("httpx", reason=missing("httpx"))
+
 import json
 import socket
 from collections.abc import Iterator
@@ -16,7 +25,6 @@ from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse

@@ -7,6 +7,16 @@ directly with `generate`: the server must return exactly those tokens.
 
 from __future__ import annotations
 
+import pytest
+
+from tests.server_packages import missing
+
+pytest.importorskip("fastapi", reason=missing("fastapi"))
+pytest.importorskip("uvicorn", reason=missing("uvicorn"))
+pytest.importorskip("pydantic", reason=missing("pydantic"))
+pytest.importorskip("httpx", reason=missing("httpx"))
+pytest.importorskip("openai", reason=missing("openai"))
+
 import asyncio
 import functools
 import json
@@ -19,7 +29,6 @@ from pathlib import Path
 
 import httpx
 import openai
-import pytest
 import torch
 
 from reference.engine import ReferenceEngine
@@ -220,7 +229,8 @@ def test_echo_returns_prompt_logprobs_as_the_engine_scores_them(server: ServerTh
     expected_prompt = [entry.logprob for entry in want.prompt_logprobs[1:]]
     assert logprobs["token_logprobs"][1 : len(prompt)] == pytest.approx(expected_prompt, abs=1e-5)
     top_of_second = {int(k.removeprefix("token_id:")): v for k, v in logprobs["top_logprobs"][1].items()}
-    assert top_of_second == pytest.approx(dict(want.prompt_logprobs[1].top), abs=1e-5)
+    second = want.prompt_logprobs[1]  # OpenAI's shape: the top alternatives and the token itself
+    assert top_of_second == pytest.approx(dict(second.top) | {second.token_id: second.logprob}, abs=1e-5)
 
 
 def test_stop_strings_and_stop_token_ids(server: ServerThread, direct, codec: TokenizerCodec) -> None:
@@ -296,7 +306,12 @@ def test_chat_completion_applies_the_chat_template(server: ServerThread, direct,
     )
     assert all(len(entry.top_logprobs) == 2 for entry in choice.logprobs.content)
     stream = client(server).chat.completions.create(
-        model=MODEL_NAME, messages=messages, max_tokens=8, temperature=0, stream=True
+        model=MODEL_NAME,
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -322,11 +337,13 @@ BAD_COMPLETIONS = [
     ({"prompt": [1, 2], "min_p": 2}, "min_p"),
     ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens"),
     ({"prompt": [1, 2], "max_tokens": 2.5}, "max_tokens"),
-    ({"prompt": [1, 2], "logprobs": 21}, "logprobs"),
+    ({"prompt": [1, 2], "logprobs": 6}, "logprobs"),
     ({"prompt": [1, 2], "logprobs": -1}, "logprobs"),
     ({"prompt": [1, 2], "seed": -1}, "seed"),
     ({"prompt": [1, 2], "stop": [""]}, "stop"),
-    ({"prompt": [1, 2], "n": 2}, "n"),
+    ({"prompt": [1, 2], "n": 0}, "n"),
+    ({"prompt": [1, 2], "n": 129}, "n"),
+    ({"prompt": [1, 2], "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": [1, 2], "frequency_penalty": 0.5}, "frequency_penalty"),
     ({"prompt": [1, 2], "unknown_option": 1}, "unknown_option"),
     ({"prompt": []}, "prompt"),

@@ -4,12 +4,19 @@ generator's event parsing, and `reports.server_overhead` run small (real server,
 
 from __future__ import annotations
 
+import pytest
+
+from tests.server_packages import missing
+
+pytest.importorskip("fastapi", reason=missing("fastapi"))
+pytest.importorskip("uvicorn", reason=missing("uvicorn"))
+pytest.importorskip("pydantic", reason=missing("pydantic"))
+pytest.importorskip("httpx", reason=missing("httpx"))
+
 import asyncio
 import random
 import socket
 from pathlib import Path
-
-import pytest
 
 from reports.server_load import LoadRequest, _read_events, _Stream
 from reports.server_overhead import OverheadSettings, StubEngine, StubTiming, run_overhead, summary_lines

@@ -3,6 +3,9 @@
 `create_app(driver, ...)` serves whatever the driver runs: an engine already built, on a thread of
 this process (`EngineLoop`; tests hand in any engine, even a deliberately wrong one), or an engine
 built in a child process (`EngineProcess`). The app's lifespan starts and stops the driver.
+`guard.RequestGuard` checks the API key and the body size before a request reaches a route.
+Every response of a completion carries its id in the `x-request-id` header (what the openai
+client's `with_raw_response` reads as `request_id`).
 """
 
 from __future__ import annotations
@@ -21,19 +24,24 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 
+from spec.engine_config import EngineConfig
 from twinfer.server import responses, translate
 from twinfer.server.choice import ChoiceDelta, ChoiceSpec, ChoiceState
 from twinfer.server.detokenize import TextCodec
 from twinfer.server.engine_loop import EngineDriver
 from twinfer.server.errors import ApiError
 from twinfer.server.generation import Generation
+from twinfer.server.guard import RequestGuard
 from twinfer.server.metrics import ServerMetrics
 from twinfer.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from twinfer.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
+REQUEST_ID_HEADER = "x-request-id"
 
 
 @dataclass
@@ -44,11 +52,28 @@ class ServerContext:
     tokenizer: object | None  # transformers tokenizer, for the chat template
     model_name: str
     created: int
+    settings: ServerSettings
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.driver.config
+
+    @property
+    def token_limit(self) -> int:
+        """The most output tokens one prompt's choices may ask for together (n x max_tokens)."""
+        return self.settings.request_token_limit(self.driver.config.model_len)
 
 
-def create_app(driver: EngineDriver, codec: TextCodec, tokenizer: object | None, model_name: str) -> FastAPI:
+def create_app(
+    driver: EngineDriver,
+    codec: TextCodec,
+    tokenizer: object | None,
+    model_name: str,
+    settings: ServerSettings | None = None,
+) -> FastAPI:
     metrics = driver.metrics
-    context = ServerContext(driver, metrics, codec, tokenizer, model_name, int(time.time()))
+    settings = settings or ServerSettings()
+    context = ServerContext(driver, metrics, codec, tokenizer, model_name, int(time.time()), settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -66,6 +91,7 @@ def create_app(driver: EngineDriver, codec: TextCodec, tokenizer: object | None,
 
     app = FastAPI(title="twinfer", lifespan=lifespan)
     app.state.context = context
+    app.add_middleware(RequestGuard, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes, metrics=metrics)
     _add_error_handlers(app, metrics)
     _add_routes(app, context)
     return app
@@ -82,6 +108,10 @@ def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     async def unexpected_error(_: Request, error: Exception) -> JSONResponse:  # a server bug: still OpenAI's shape
         logger.exception("unexpected error while serving a request")
         return ApiError(f"internal error: {error!r}", status=500, kind="server_error").response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, error: HTTPException) -> JSONResponse:  # unknown path, wrong method, ...
+        return ApiError(str(error.detail), status=error.status_code).response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -127,81 +157,65 @@ def _add_routes(app: FastAPI, context: ServerContext) -> None:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
         translate.check_common(body, context.model_name)
-        stops = translate.stop_conditions(body)
-        params = translate.completion_params(body, stops)
-        prompts = translate.completion_prompts(body, context.codec)
         response_id = f"cmpl-{uuid.uuid4().hex}"
-        specs = [
-            ChoiceSpec(
-                index=index,
-                request_id=f"{response_id}-{index}",
-                prompt_token_ids=prompt.token_ids,
-                params=params,
-                stop_strings=stops.strings,
-                echo_text=(prompt.text or "") if body.echo else None,
-                num_top_logprobs=body.logprobs,
-                token_strings_as_ids=body.return_tokens_as_token_ids,
-            )
-            for index, prompt in enumerate(prompts)
-        ]
-        generation = Generation(context.driver, context.codec, context.metrics, specs, arrival)
-        await generation.start()
-        created, ids = int(time.time()), body.return_token_ids
-        if body.stream:
-            text = responses.CompletionChunkText(response_id, created, context.model_name, ids)
-
-            def chunk(advanced: Sequence[tuple[ChoiceState, ChoiceDelta]]) -> str:
-                return text(advanced) or _json(
-                    responses.completion_chunk(response_id, created, context.model_name, advanced, ids)
-                )
-
-            usage = body.include_usage_in_stream
-            return _event_stream(generation, [], chunk, response_id, created, context.model_name, usage, chat=False)
-        if not await _run_unless_disconnected(generation, request):
-            return Response(status_code=499)
-        return JSONResponse(
-            responses.completion_response(
-                response_id, created, context.model_name, generation.choices, generation.usage(), ids
-            ).model_dump(mode="json")
-        )
+        specs = translate.completion_specs(body, context.codec, response_id, context.config, context.token_limit)
+        return await _answer(context, COMPLETION_SHAPES, specs, body, request, response_id, arrival)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
         translate.check_common(body, context.model_name)
-        stops = translate.stop_conditions(body)
-        prompt = translate.chat_prompt(body, context.tokenizer)
-        params = translate.chat_params(body, stops, len(prompt.token_ids), context.driver.config)
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
-        spec = ChoiceSpec(
-            index=0,
-            request_id=f"{response_id}-0",
-            prompt_token_ids=prompt.token_ids,
-            params=params,
-            stop_strings=stops.strings,
-            echo_text=None,
-            num_top_logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-            token_strings_as_ids=body.return_tokens_as_token_ids,
-        )
-        generation = Generation(context.driver, context.codec, context.metrics, [spec], arrival)
-        await generation.start()
-        created, ids, model = int(time.time()), body.return_token_ids, context.model_name
-        if body.stream:
-            text = responses.ChatChunkText(response_id, created, model, ids)
+        specs = translate.chat_specs(body, context.tokenizer, response_id, context.config, context.token_limit)
+        return await _answer(context, CHAT_SHAPES, specs, body, request, response_id, arrival)
 
-            def chunk(advanced: Sequence[tuple[ChoiceState, ChoiceDelta]]) -> str:
-                return text(advanced) or _json(responses.chat_chunk(response_id, created, model, advanced, ids))
 
-            first = [responses.chat_role_chunk(response_id, created, model, generation.choices)]
-            usage = body.include_usage_in_stream
-            return _event_stream(generation, first, chunk, response_id, created, model, usage, chat=True)
-        if not await _run_unless_disconnected(generation, request):
-            return Response(status_code=499)
-        return JSONResponse(
-            responses.chat_response(
-                response_id, created, model, generation.choices, generation.usage(), ids
-            ).model_dump(mode="json")
+@dataclass(frozen=True)
+class _Shapes:
+    """One endpoint's response shapes: stream chunks (as text when they can be, else as models), the whole
+    response, and whether a stream opens with the assistant's role (chat)."""
+
+    chunk_text: Callable[[str, int, str, bool, bool], Callable[[Sequence[tuple[ChoiceState, ChoiceDelta]]], str | None]]
+    chunk: Callable[..., BaseModel]
+    response: Callable[..., BaseModel]
+    chat: bool
+
+
+COMPLETION_SHAPES = _Shapes(
+    responses.CompletionChunkText, responses.completion_chunk, responses.completion_response, chat=False
+)
+CHAT_SHAPES = _Shapes(responses.ChatChunkText, responses.chat_chunk, responses.chat_response, chat=True)
+
+
+async def _answer(
+    context: ServerContext,
+    shapes: _Shapes,
+    specs: Sequence[ChoiceSpec],
+    body: CompletionRequest | ChatCompletionRequest,
+    request: Request,
+    response_id: str,
+    arrival: float,
+) -> Response:
+    """Run a request's choices and answer with a stream of chunks or one response."""
+    generation = Generation(context.driver, context.codec, context.metrics, specs, arrival)
+    await generation.start()
+    created, model, ids = int(time.time()), context.model_name, body.return_token_ids
+    headers = {REQUEST_ID_HEADER: response_id}
+    if body.stream:
+        usage = body.include_usage_in_stream
+        text = shapes.chunk_text(response_id, created, model, ids, usage)
+
+        def chunk(advanced: Sequence[tuple[ChoiceState, ChoiceDelta]]) -> str:
+            return text(advanced) or _json(shapes.chunk(response_id, created, model, advanced, ids, usage))
+
+        first = (
+            [responses.chat_role_chunk(response_id, created, model, generation.choices, usage)] if shapes.chat else []
         )
+        return _event_stream(generation, first, chunk, response_id, created, model, usage, shapes.chat, headers)
+    if not await _run_unless_disconnected(generation, request):
+        return Response(status_code=499)
+    whole = shapes.response(response_id, created, model, generation.choices, generation.usage(), ids)
+    return JSONResponse(whole.model_dump(mode="json"), headers=headers)
 
 
 async def _run_unless_disconnected(generation: Generation, request: Request) -> bool:
@@ -231,9 +245,11 @@ def _event_stream(
     model: str,
     include_usage: bool,
     chat: bool,
+    headers: dict[str, str],
 ) -> Response:
     """Server-sent events: one per group of engine outputs that arrived together (a stream that has fallen
-    behind gets the tokens of several steps in one event)."""
+    behind gets the tokens of several steps in one event); with `include_usage`, a last chunk with no
+    choices and the whole request's usage, as OpenAI sends it when stream_options.include_usage is set."""
 
     async def events() -> AsyncIterator[bytes]:
         try:
@@ -249,7 +265,7 @@ def _event_stream(
             generation.close()
         yield b"data: [DONE]\n\n"
 
-    return _EventStreamResponse(events(), on_close=generation.close)
+    return _EventStreamResponse(events(), on_close=generation.close, headers=headers)
 
 
 def _json(payload: BaseModel) -> str:
@@ -268,8 +284,8 @@ class _EventStreamResponse(StreamingResponse):
     `on_close` aborts the engine requests.
     """
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], headers: dict[str, str]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:  # ASGI types

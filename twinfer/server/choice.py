@@ -53,6 +53,7 @@ class ChoiceSpec:
     echo_text: str | None  # the prompt text to prepend (completions with echo), else None
     num_top_logprobs: int | None  # alternatives per token to report; None: no logprobs at all
     token_strings_as_ids: bool
+    sample: int = 0  # which of the n choices of its prompt (usage counts a prompt once, at sample 0)
 
 
 class ChoiceState:

@@ -91,7 +91,8 @@ class Generation:
             pass
 
     def usage(self) -> Usage:
-        prompt = sum(choice.prompt_len for choice in self.choices)
+        """As OpenAI counts: each prompt once, however many choices (n) it has; every choice's tokens."""
+        prompt = sum(choice.prompt_len for choice in self.choices if choice.spec.sample == 0)
         completion = sum(len(choice.token_ids) for choice in self.choices)
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 

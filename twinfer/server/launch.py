@@ -27,6 +27,7 @@ from twinfer.server.app import create_app
 from twinfer.server.detokenize import IdOnlyCodec, TextCodec, TokenizerCodec
 from twinfer.server.engine_loop import EngineLoop
 from twinfer.server.engine_process import EngineFactory, EngineProcess
+from twinfer.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +45,13 @@ def load_text_support(checkpoint: Path) -> tuple[TextCodec, object | None]:
     return TokenizerCodec(tokenizer), tokenizer
 
 
-def app_for_engine(engine: Engine, checkpoint: str | Path, model_name: str | None = None) -> FastAPI:
+def app_for_engine(
+    engine: Engine, checkpoint: str | Path, model_name: str | None = None, settings: ServerSettings | None = None
+) -> FastAPI:
     """The app serving an engine already built over `checkpoint` (whose tokenizer gives the text)."""
     path = resolve_checkpoint(checkpoint)
     codec, tokenizer = load_text_support(path)
-    return create_app(EngineLoop(engine), codec, tokenizer, model_name or str(checkpoint))
+    return create_app(EngineLoop(engine), codec, tokenizer, model_name or str(checkpoint), settings)
 
 
 def app_for_checkpoint(
@@ -59,6 +62,7 @@ def app_for_checkpoint(
     device: str | torch.device | None = None,
     model_name: str | None = None,
     engine_process: bool = False,
+    settings: ServerSettings | None = None,
 ) -> FastAPI:
     """Build engine `engine_name` (default: fast on CUDA, reference elsewhere) and the app serving it,
     on a thread of this process or (`engine_process`) in a child process."""
@@ -67,7 +71,7 @@ def app_for_checkpoint(
     factory = checkpoint_engine_factory(engine_name or default_engine_name(target), path, engine_config, dtype, target)
     codec, tokenizer = load_text_support(path)
     driver = EngineProcess(factory) if engine_process else EngineLoop(factory())
-    return create_app(driver, codec, tokenizer, model_name or str(checkpoint))
+    return create_app(driver, codec, tokenizer, model_name or str(checkpoint), settings)
 
 
 def checkpoint_engine_factory(

@@ -1,9 +1,11 @@
 """The OpenAI HTTP API as pydantic models: request bodies (validated on arrival) and response shapes.
 
 Request bodies are strict (no silent coercion of "0.5" to 0.5) and refuse unknown fields, so a
-misspelt or unsupported parameter is an error that names it instead of a silently ignored one.
-Value ranges (temperature >= 0, top_p in (0, 1], ...) are not repeated here: they are checked once,
-by `spec.SamplingParams`, and its errors are mapped to HTTP 400 naming the field.
+misspelt or unsupported parameter is an error that names it instead of a silently ignored one. As in
+OpenAI's API, null for an optional field means the field was not given. Value ranges of sampling
+(temperature >= 0, top_p in (0, 1], ...) are not repeated here: they are checked once, by
+`spec.SamplingParams`, and its errors are mapped to HTTP 400 naming the field. The API's own limits
+(n, logprobs, top_logprobs) are declared on the fields.
 
 Extensions beyond OpenAI's API use vLLM's names, so a client written for one works with the other:
 `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `return_token_ids` (each choice
@@ -16,9 +18,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TOKEN_ID_PREFIX = "token_id:"
+# OpenAI's limits: choices per prompt, top logprobs per token on /v1/completions and on chat.
+MAX_N = 128
+MAX_COMPLETION_LOGPROBS = 5
+MAX_CHAT_TOP_LOGPROBS = 20
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 def _extension(default=None):
@@ -29,9 +36,23 @@ def _extension(default=None):
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_not_given(cls, data: object) -> object:
+        # OpenAI takes null for any optional parameter (some clients send every parameter, null when unset).
+        # Unknown fields keep their null, so a misspelt one is still refused.
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None or key not in cls.model_fields}
+        return data
+
 
 class StreamOptions(_Strict):
-    include_usage: bool = True
+    """include_usage: end the stream with a chunk holding the whole request's usage (and no choices); every
+    other chunk then carries "usage": null. include_obfuscation: accepted only as false (twinfer sends no
+    obfuscation field)."""
+
+    include_usage: bool = False
+    include_obfuscation: bool = False
 
 
 class _SamplingFields(_Strict):
@@ -48,7 +69,7 @@ class _SamplingFields(_Strict):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
@@ -56,10 +77,13 @@ class _SamplingFields(_Strict):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
 
-    def unsupported_field(self) -> tuple[str, str] | None:
-        """(field, message) for a parameter twinfer accepts only at its neutral value, else None."""
-        if self.n != 1:
-            return "n", f"n must be 1 (twinfer returns one choice per prompt), got {self.n}"
+    def field_error(self) -> tuple[str, str] | None:
+        """(field, message) for fields the API refuses together, or a parameter twinfer accepts only at its
+        neutral value; else None."""
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed when stream is true"
+        if self.stream_options is not None and self.stream_options.include_obfuscation:
+            return "stream_options", "stream_options.include_obfuscation is not supported; leave it out or false"
         if self.presence_penalty != 0.0:
             return "presence_penalty", "presence_penalty is not supported; leave it at 0"
         if self.frequency_penalty != 0.0:
@@ -70,25 +94,28 @@ class _SamplingFields(_Strict):
 
     @property
     def include_usage_in_stream(self) -> bool:
-        return self.stream_options is None or self.stream_options.include_usage
+        """OpenAI sends the usage chunk only when asked for it."""
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class CompletionRequest(_SamplingFields):
     """POST /v1/completions. `prompt`: text, a list of texts, token ids, or a list of token-id lists."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    max_tokens: int | None = None  # None: DEFAULT_COMPLETION_MAX_TOKENS
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
 
-    def unsupported_field(self) -> tuple[str, str] | None:
+    def field_error(self) -> tuple[str, str] | None:
         if self.best_of not in (None, 1):
-            return "best_of", f"best_of must be 1, got {self.best_of}"
+            return "best_of", f"best_of is not supported beyond 1, got {self.best_of}"
+        if self.best_of == 1 and self.n > 1:
+            return "best_of", f"best_of ({self.best_of}) must be at least n ({self.n})"
         if self.suffix:
             return "suffix", "suffix is not supported"
-        return super().unsupported_field()
+        return super().field_error()
 
 
 class TextContentPart(_Strict):
@@ -111,7 +138,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, object] | None = None
 
@@ -150,6 +177,13 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = _extension()
+
+
+class CompletionChunkWithUsage(CompletionResponse):
+    """A chunk of a stream that asked for usage (stream_options.include_usage): "usage" is on every chunk,
+    null on all but the last."""
+
+    usage: Usage | None = None
 
 
 class TopLogprob(BaseModel):
@@ -209,6 +243,12 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = _extension()
+
+
+class ChatCompletionChunkWithUsage(ChatCompletionChunk):
+    """A chat chunk of a stream that asked for usage: "usage" on every chunk, null on all but the last."""
+
+    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):

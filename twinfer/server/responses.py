@@ -3,6 +3,8 @@
 Stream chunks without logprobs (nearly every event of a busy server) are written straight to JSON
 text by `CompletionChunkText` and `ChatChunkText`, byte for byte what the pydantic models give
 (tests/test_server_throughput.py checks), at a fraction of the cost of building a model per event.
+`with_usage`: the stream asked for usage (stream_options.include_usage), so each chunk carries
+"usage": null, as OpenAI's do, until the last one, which holds the usage.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from twinfer.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
+    ChatCompletionChunkWithUsage,
     ChatCompletionResponse,
     ChatDelta,
     ChatLogprobs,
     CompletionChoice,
+    CompletionChunkWithUsage,
     CompletionLogprobs,
     CompletionResponse,
     TokenLogprob,
@@ -38,9 +42,12 @@ def completion_logprobs(entries: Sequence[LogprobEntry]) -> CompletionLogprobs:
 
 
 def _top_dict(entry: LogprobEntry) -> dict[str, float] | None:
+    """The top alternatives and, as OpenAI's legacy shape always has it, the token itself (up to logprobs + 1)."""
     if entry.logprob is None:
         return None  # the first prompt token: nothing predicts it
-    return {token: logprob for _, token, logprob in entry.top}
+    top = {token: logprob for _, token, logprob in entry.top}
+    top.setdefault(entry.token, entry.logprob)
+    return top
 
 
 def chat_logprobs(entries: Sequence[LogprobEntry]) -> ChatLogprobs:
@@ -86,9 +93,14 @@ def completion_response(
 
 
 def completion_chunk(
-    response_id: str, created: int, model: str, advanced: Sequence[tuple[ChoiceState, ChoiceDelta]], with_ids: bool
+    response_id: str,
+    created: int,
+    model: str,
+    advanced: Sequence[tuple[ChoiceState, ChoiceDelta]],
+    with_ids: bool,
+    with_usage: bool = False,
 ) -> CompletionResponse:
-    return CompletionResponse(
+    return (CompletionChunkWithUsage if with_usage else CompletionResponse)(
         id=response_id,
         created=created,
         model=model,
@@ -132,9 +144,11 @@ def chat_response(
     )
 
 
-def chat_role_chunk(response_id: str, created: int, model: str, choices: Sequence[ChoiceState]) -> ChatCompletionChunk:
+def chat_role_chunk(
+    response_id: str, created: int, model: str, choices: Sequence[ChoiceState], with_usage: bool = False
+) -> ChatCompletionChunk:
     """The first chunk of a chat stream: the assistant role, as OpenAI sends it."""
-    return ChatCompletionChunk(
+    return (ChatCompletionChunkWithUsage if with_usage else ChatCompletionChunk)(
         id=response_id,
         created=created,
         model=model,
@@ -143,9 +157,14 @@ def chat_role_chunk(response_id: str, created: int, model: str, choices: Sequenc
 
 
 def chat_chunk(
-    response_id: str, created: int, model: str, advanced: Sequence[tuple[ChoiceState, ChoiceDelta]], with_ids: bool
+    response_id: str,
+    created: int,
+    model: str,
+    advanced: Sequence[tuple[ChoiceState, ChoiceDelta]],
+    with_ids: bool,
+    with_usage: bool = False,
 ) -> ChatCompletionChunk:
-    return ChatCompletionChunk(
+    return (ChatCompletionChunkWithUsage if with_usage else ChatCompletionChunk)(
         id=response_id,
         created=created,
         model=model,
@@ -199,11 +218,12 @@ class _ChunkText:
 
     OBJECT = ""
 
-    def __init__(self, response_id: str, created: int, model: str, with_ids: bool) -> None:
+    def __init__(self, response_id: str, created: int, model: str, with_ids: bool, with_usage: bool = False) -> None:
         self.head = (
             f'{{"id":{_json(response_id)},"object":"{self.OBJECT}","created":{int(created)},'
             f'"model":{_json(model)},"choices":['
         )
+        self.tail = '],"usage":null}' if with_usage else "]}"
         self.with_ids = with_ids
 
     def __call__(self, advanced: Sequence[tuple[ChoiceState, ChoiceDelta]]) -> str | None:
@@ -212,7 +232,7 @@ class _ChunkText:
             if _wants_logprobs(choice):
                 return None
             parts.append(self._choice(choice, delta) + "}")
-        return self.head + ",".join(parts) + "]}"
+        return self.head + ",".join(parts) + self.tail
 
     def _choice(self, choice: ChoiceState, delta: ChoiceDelta) -> str:
         raise NotImplementedError

@@ -3,20 +3,30 @@
 Every refusal is an `ApiError` naming the request field at fault. Value ranges are checked by
 `SamplingParams` itself (one definition), and its messages, which start with the parameter's
 name, are mapped back to the API's field names.
+
+`n` choices of a prompt are n engine requests; with a `seed`, choice j samples with seed + j (as vLLM
+does), so the choices differ from each other and the whole response is reproducible.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spec.engine_config import EngineConfig
 from spec.errors import SamplingParamsError
-from spec.sampling_params import SamplingParams
+from spec.sampling_params import MAX_SEED, SamplingParams
+from twinfer.server.choice import ChoiceSpec
 from twinfer.server.detokenize import TextCodec
 from twinfer.server.errors import ApiError
-from twinfer.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from twinfer.server.protocol import (
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    _SamplingFields,
+)
 
 # SamplingParams' parameter names -> the API field that sets them.
 _COMPLETION_FIELDS = {"stop_token_ids entry": "stop_token_ids", "prompt_logprobs": "logprobs"}
@@ -43,10 +53,85 @@ def check_common(body: _SamplingFields, served_model: str) -> None:
             status=404,
             code="model_not_found",
         )
-    unsupported = body.unsupported_field()
-    if unsupported is not None:
-        field, message = unsupported
+    refused = body.field_error()
+    if refused is not None:
+        field, message = refused
         raise ApiError(message, param=field)
+
+
+def completion_specs(
+    body: CompletionRequest, codec: TextCodec, response_id: str, config: EngineConfig, token_limit: int
+) -> list[ChoiceSpec]:
+    stops = stop_conditions(body)
+    max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    params = completion_params(body, stops, max_tokens)
+    prompts = completion_prompts(body, codec)
+    given = "max_tokens" if body.max_tokens is not None else f"max_tokens (not given: {DEFAULT_COMPLETION_MAX_TOKENS})"
+    check_output_budget(body.n, max_tokens, given, prompts, config.model_len, token_limit)
+    return _choice_specs(response_id, prompts, body, params, stops, body.echo, body.logprobs)
+
+
+def chat_specs(
+    body: ChatCompletionRequest, tokenizer, response_id: str, config: EngineConfig, token_limit: int
+) -> list[ChoiceSpec]:  # tokenizer: transformers tokenizer or None
+    stops = stop_conditions(body)
+    prompt = chat_prompt(body, tokenizer)
+    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_tokens = asked if asked is not None else default_chat_max_tokens(len(prompt.token_ids), config)
+    params = chat_params(body, stops, max_tokens)
+    given = "max_tokens" if asked is not None else "max_tokens (not given: the rest of the context)"
+    check_output_budget(body.n, max_tokens, given, [prompt], config.model_len, token_limit)
+    num_top_logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return _choice_specs(response_id, [prompt], body, params, stops, False, num_top_logprobs)
+
+
+def _choice_specs(
+    response_id: str,
+    prompts: Sequence[Prompt],
+    body: _SamplingFields,
+    params: SamplingParams,
+    stops: StopConditions,
+    echo: bool,
+    num_top_logprobs: int | None,
+) -> list[ChoiceSpec]:
+    """`body.n` choices per prompt, numbered prompt by prompt (prompt p's choice j is p * n + j), as OpenAI does."""
+    n = body.n
+    return [
+        ChoiceSpec(
+            index=position * n + sample,
+            request_id=f"{response_id}-{position * n + sample}",
+            prompt_token_ids=prompt.token_ids,
+            params=sample_params(params, sample),
+            stop_strings=stops.strings,
+            echo_text=(prompt.text or "") if echo else None,
+            num_top_logprobs=num_top_logprobs,
+            token_strings_as_ids=body.return_tokens_as_token_ids,
+            sample=sample,
+        )
+        for position, prompt in enumerate(prompts)
+        for sample in range(n)
+    ]
+
+
+def check_output_budget(
+    n: int, max_tokens: int, given: str, prompts: Sequence[Prompt], model_len: int, token_limit: int
+) -> None:
+    """Refuse a request whose choices of one prompt could together make more than `token_limit` tokens: n x
+    max_tokens, where a choice makes no more than its context leaves (the engine stops it at max_model_len)."""
+    room = max((min(max_tokens, model_len - len(prompt.token_ids)) for prompt in prompts), default=0)
+    if n * room > token_limit:
+        raise ApiError(
+            f"n x max_tokens = {n} x {room} = {n * room} output tokens for one prompt, more than this server's "
+            f"limit of {token_limit} (twinfer serve --max-request-tokens); lower n or {given}",
+            param="n",
+        )
+
+
+def sample_params(params: SamplingParams, sample: int) -> SamplingParams:
+    """The params of choice `sample` of a prompt: the request's, with seed + sample when seeded."""
+    if params.seed is None or sample == 0:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + sample) % (MAX_SEED + 1))
 
 
 def stop_conditions(body: _SamplingFields) -> StopConditions:
@@ -107,23 +192,17 @@ def _message_dict(message) -> dict[str, object]:
     return record
 
 
-def completion_params(body: CompletionRequest, stops: StopConditions) -> SamplingParams:
+def completion_params(body: CompletionRequest, stops: StopConditions, max_tokens: int) -> SamplingParams:
     prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
-    max_tokens = 16 if body.max_tokens is None else body.max_tokens
     return _sampling_params(
         body, stops, max_tokens, _engine_logprobs(body.logprobs), prompt_logprobs, _COMPLETION_FIELDS
     )
 
 
-def chat_params(
-    body: ChatCompletionRequest, stops: StopConditions, prompt_len: int, config: EngineConfig
-) -> SamplingParams:
+def chat_params(body: ChatCompletionRequest, stops: StopConditions, max_tokens: int) -> SamplingParams:
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError("top_logprobs needs logprobs set to true", param="top_logprobs")
     logprobs = _engine_logprobs(body.top_logprobs or 0) if body.logprobs else 0
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    if max_tokens is None:
-        max_tokens = default_chat_max_tokens(prompt_len, config)
     return _sampling_params(body, stops, max_tokens, logprobs, None, _CHAT_FIELDS)
 
 
