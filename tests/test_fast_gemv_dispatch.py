@@ -36,8 +36,15 @@ from tests.engines import FAST_DEVICE
 BLOCK_SIZE = 8
 CPU = torch.device("cpu")
 DEVICE = torch.device(FAST_DEVICE)
-# Small enough to build in milliseconds; 4 sequences so a decode step can have several rows.
-SETTINGS = {"block_size": BLOCK_SIZE, "num_blocks": 16, "max_num_seqs": 4, "max_model_len": 64}
+# Small enough to build in milliseconds; 4 sequences so a decode step can have several rows. No CUDA graphs:
+# the spies see the calls of eager forwards (a graph replay calls nothing from Python).
+SETTINGS = {
+    "block_size": BLOCK_SIZE,
+    "num_blocks": 16,
+    "max_num_seqs": 4,
+    "max_model_len": 64,
+    "enable_cuda_graphs": False,
+}
 
 Calls = list[tuple[str, int, tuple[int, ...]]]  # (kernel, rows of x, weight shape)
 

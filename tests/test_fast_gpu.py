@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from fast.engine import FastEngine
 from reports.differential import hf_greedy_trace, trace_from_output
 from reports.model_shapes import SHAPES, build_hf_model, random_state_dict
 from spec.agreement import compare_traces
@@ -264,14 +265,10 @@ def test_bf16_teacher_forced_against_fp32(fp32_weights) -> None:
 
 def test_memory_errors_at_start(fp32_weights) -> None:
     config, state_dict = fp32_weights
+    # FastEngine itself: tests.engines.build_engine would give the first one a fixed pool.
     with pytest.raises(ConfigError, match="less than one request of max_model_len"):
-        build_engine(
-            "fast",
-            config,
-            state_dict,
-            EngineConfig(gpu_memory_utilization=0.05, max_model_len=40960),
-            torch.float32,
-            "cuda",
+        FastEngine(
+            config, state_dict, EngineConfig(gpu_memory_utilization=0.05, max_model_len=40960), torch.float32, "cuda"
         )
     with pytest.raises(ConfigError, match="does not fit in GPU memory"):
-        build_engine("fast", config, state_dict, EngineConfig(num_blocks=10**8), torch.float32, "cuda")
+        FastEngine(config, state_dict, EngineConfig(num_blocks=10**8), torch.float32, "cuda")

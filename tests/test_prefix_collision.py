@@ -74,7 +74,10 @@ def test_allocator_does_not_reuse_a_colliding_block(name: str) -> None:
 
 @pytest.mark.parametrize("name", SCHEDULERS)
 def test_scheduler_admits_a_colliding_prompt_without_a_hit(name: str) -> None:
-    config = EngineConfig(block_size=BLOCK_SIZE, num_blocks=8, max_num_batched_tokens=32, max_model_len=64)
+    # A scheduler takes a resolved configuration: every setting an engine would fill in is given.
+    config = EngineConfig(
+        block_size=BLOCK_SIZE, num_blocks=8, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64
+    )
     scheduler = SCHEDULERS[name](config, (), colliding_hash)
     params = SamplingParams(temperature=0.0, max_tokens=1)
 

@@ -60,7 +60,7 @@ def test_caller_workspace_is_used_and_checked() -> None:
     tokens = torch.zeros(values.shape, dtype=torch.int64, device=DEVICE)
     result = gumbel_sample(logits, temperature, row_keys(seeds, positions), workspace=(values, tokens))
     assert torch.equal(result, _spec_tokens(logits, temperature, seeds, positions))
-    assert not torch.equal(values[:3], torch.full((3,), 7.0))  # written in place
+    assert not torch.equal(values[:3], torch.full((3,), 7.0, device=DEVICE))  # written in place
     with pytest.raises(ValueError, match="workspace"):
         gumbel_sample(logits, temperature, row_keys(seeds, positions), workspace=(values[:2], tokens[:2]))
 

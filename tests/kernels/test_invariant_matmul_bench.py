@@ -14,6 +14,7 @@ import torch
 from fast.kernels.matmul import invariant_linear
 from reports import invariant_matmul_bench as bench
 from reports.model_shapes import SHAPES
+from tests.kernels.reference import DEVICE
 from tests.kernels.strategies import seeded_generator
 
 
@@ -39,6 +40,7 @@ def test_projection_shapes() -> None:
 def test_invariance_check_passes_and_fails() -> None:
     generator = seeded_generator(0)
     x, weight = torch.randn((40, 136), generator=generator), torch.randn((24, 136), generator=generator)
+    x, weight = x.to(DEVICE), weight.to(DEVICE)
     passed = bench.check_invariance(lambda rows: invariant_linear(rows, weight), x, (1, 3, 40, 99), ((20, 21),))
     assert passed == {"passed": True, "cases": {"x[:1]": True, "x[:3]": True, "x[:40]": True, "x[20:21]": True}}
 
