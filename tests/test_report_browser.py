@@ -48,7 +48,7 @@ def assert_clean_visit(page: Path, chromium: str, title_words: str) -> None:
 def test_report_page_in_chromium(chromium: str, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     page.write_text(render_report(sample_report().to_json()), encoding="utf-8")
-    assert_clean_visit(page, chromium, "twinfer report: 7 passed, 2 failed, 2 not run")
+    assert_clean_visit(page, chromium, "twinfer report: 12 passed, 2 failed, 2 not run")
 
 
 def test_compare_page_in_chromium(chromium: str, tmp_path: Path) -> None:
