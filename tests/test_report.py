@@ -133,6 +133,12 @@ def assert_self_contained(page: PageStructure) -> None:
     assert policies and "default-src 'none'" in policies[0] and "script-src" not in policies[0]
 
 
+def assert_every_section_linked_from_the_top(page: PageStructure) -> None:
+    """The contents link to every section (and each link lands on an element of the page)."""
+    assert {f"#{section}" for section in REPORT_SECTIONS if section != "summary"} <= set(page.contents_links)
+    assert all(link.removeprefix("#") in page.ids for link in page.contents_links), page.contents_links
+
+
 @pytest.fixture(scope="module")
 def sample_html() -> str:
     """The sample report's page, rendered once: drawing its plots takes seconds."""
@@ -203,6 +209,15 @@ def test_user_controlled_text_renders_as_text(sample_html: str) -> None:
     text = "".join(page.text)
     for hostile in (HOSTILE_PROMPT, HOSTILE_MODEL, HOSTILE_TOKEN, "<b>host</b>", SAMPLE_GPU):
         assert hostile in text, f"{hostile!r} is not shown as text"
+
+
+def test_passed_near_ties_are_folded_and_every_section_is_linked_from_the_top(sample_html: str) -> None:
+    page = parse(sample_html)
+    assert_every_section_linked_from_the_top(page)
+    # The sample has a near-tie in a passed cell and a disagreement that fails its cell.
+    assert page.disagreements == [(False, False), (True, True)], "failures open, passed near-ties folded"
+    for speed_group in ("#speed-offline-256-qwen3-0-6b", "#speed-decode-bs1-qwen3-8b", "#speed-cost-batch-invariant"):
+        assert speed_group in page.contents_links
 
 
 # -- --compare --------------------------------------------------------------------------------
@@ -496,6 +511,7 @@ def test_speed_section_shows_every_record_with_its_settings_and_baseline(
     assert "not measured: prefix-shared, long-context" in speed["detail"]
 
     page = parse((out / "report.html").read_text())
+    assert_every_section_linked_from_the_top(page)
     assert "plot-tpot-vs-batch" in page.figures_with_svg
     text = " ".join(page.text)
     assert text.index("no flags (defaults)") < text.index(TUNED_FLAGS)
@@ -558,6 +574,7 @@ def test_reports_made_before_speed_rows_were_labelled_still_render() -> None:
     speed["plots"] = [{key: value for key, value in speed["plots"][0].items() if key != "log_y"}]
     validate_report(document)
     page = parse(render_report(document))
+    assert_every_section_linked_from_the_top(page)
     text = " ".join(page.text)
     assert "12,000" in text and "output tokens/s" in text and "× transformers" not in text
 

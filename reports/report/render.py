@@ -16,6 +16,7 @@ import jinja2
 from markupsafe import Markup
 
 from reports.report import plots
+from reports.report.contents import contents
 from reports.report.speed_view import speed_view
 
 TEMPLATE_PACKAGE = "reports.report"
@@ -35,6 +36,7 @@ def render_report(report: dict[str, Any]) -> str:
             report=report,
             css=_stylesheet(),
             csp=CONTENT_SECURITY_POLICY,
+            contents=contents(report, speed),
             matrix=correctness_matrix(report["correctness"]),
             distribution_plots=_distribution_plots(report["correctness"]),
             speed=speed,
