@@ -20,7 +20,7 @@ from reports.report.correctness import CorrectnessOptions, run_correctness
 from reports.report.fuzz_section import committed_fuzz_section, fuzz_run_from_record
 from reports.report.kernel_section import summarise_kernel_run
 from reports.report.pytest_runs import TestOutcome, run_pytest
-from reports.report.records import FuzzSection, KernelSection, RunSettings, SpeedSection, Status
+from reports.report.records import CorrectnessSection, FuzzSection, KernelSection, RunSettings, SpeedSection, Status
 from reports.report.render import render_comparison, render_report
 from reports.report.sample import (
     HOSTILE_MODEL,
@@ -259,6 +259,7 @@ def test_compare_marks_changed_checks_and_figures_beyond_their_spread() -> None:
 
 def test_compare_and_render_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = sample_report().to_json()
+    old["speed"]["plots"] = []  # drawing them takes seconds and is checked on the sample page
     (tmp_path / "old.json").write_text(json.dumps(old))
     (tmp_path / "new.json").write_text(json.dumps(_changed_copy(old)))
     code = command.main(
@@ -404,13 +405,14 @@ def test_kernel_section_summarises_a_real_pytest_run(tmp_path: Path) -> None:
     assert "mismatch" in section.failures[0].message and section.failures[0].test.endswith("test_fails")
 
 
-def test_speed_section_is_not_run_without_a_gpu_and_reads_bench_runs() -> None:
+def test_speed_section_is_not_run_without_a_gpu_and_runs_the_harness_on_the_cpu() -> None:
     cpu = torch.device("cpu")
     assert speed_section(SpeedOptions(cpu, ("decode-bs1",))).detail.startswith("not run: no CUDA device")
-    # The harness on the CPU: tiny shape, scaled-down workloads, the reference engine beside transformers.
+    # The harness on the CPU: tiny shape, a scaled-down sweep, the reference engine beside transformers.
+    # (Reading what the harness writes is tested on committed records and in tests/test_bench.py.)
     options = SpeedOptions(
-        cpu, ("decode-sweep", "prefix-shared"), shape="tiny", engine="reference", dtype=torch.float32,
-        scale=0.02, repeats=2, allow_cpu=True,
+        cpu, ("decode-sweep",), shape="tiny", engine="reference", dtype=torch.float32, scale=0.01, repeats=1,
+        allow_cpu=True,
     )  # fmt: skip
     section = speed_section(options)
     assert section.status is Status.PASSED, section.detail
@@ -418,8 +420,27 @@ def test_speed_section_is_not_run_without_a_gpu_and_reads_bench_runs() -> None:
     assert engines == {"twinfer reference", "transformers"}
     assert {plot.id for plot in section.plots} >= {"tpot-vs-batch", "throughput-vs-batch", "fraction-of-floor"}
     assert all("NOT the standard workload" in table.note for table in section.tables)
-    assert any("identical" in table.note for table in section.tables if table.workload.startswith("prefix-shared"))
+    assert all(row.settings == "no flags (defaults)" and row.record is None for row in section.tables[0].rows)
     assert "copy bandwidth" in section.environment
+
+
+def test_speed_section_reads_a_prefix_shared_record_and_its_verdict() -> None:
+    """A committed record, as the harness wrote it: prefix-cache hits and the on/off comparison are shown,
+    and outputs that differ with prefix caching on and off fail the table."""
+    path = RESULTS / "bench" / "prefix-shared.json"
+    (table,) = speed_section(SpeedOptions(torch.device("cpu"), (), bench_json=(path,))).tables
+    assert table.workload == "prefix-shared" and table.shape == "qwen3-0.6b"
+    assert "129,024 served from the prefix cache" in table.note
+    assert "outputs with prefix caching on and off DIFFER (3 of 64 requests)" in table.note
+    assert table.status is Status.FAILED
+    assert [(row.phase, row.engine) for row in table.rows] == [
+        ("prefix-caching-on", "twinfer fast"),
+        ("prefix-caching-on", "transformers"),
+        ("prefix-caching-off", "twinfer fast"),
+    ]
+    record = json.loads(path.read_text())
+    assert table.rows[0].value == record["results"][0]["phases"][0]["metrics"]["output_tokens_per_s"]
+    assert table.rows[0].times_baseline == pytest.approx(6607.922280612364 / 275.10748144791245)
 
 
 def test_speed_section_says_why_a_record_cannot_be_read(tmp_path: Path) -> None:
@@ -585,12 +606,11 @@ def test_reports_made_before_speed_rows_were_labelled_still_render() -> None:
 def test_real_run_on_the_tiny_model_keeps_every_cell(tiny_checkpoint: Path) -> None:
     options = CorrectnessOptions(
         tiny_checkpoint, torch.device("cpu"), (torch.float32, torch.bfloat16), quick=True,
-        pairs=(("reference", "hf"), ("fast", "reference")), features=("chunked-prefill",),
+        pairs=(("reference", "hf"),), features=("chunked-prefill",),
     )  # fmt: skip
     correctness = run_correctness(options)
     expected = {
-        f"{pair}/{dtype}/chunked-prefill/{mode}"
-        for pair in ("reference-hf", "fast-reference")
+        f"reference-hf/{dtype}/chunked-prefill/{mode}"
         for dtype in ("float32", "bfloat16")
         for mode in ("free-running", "teacher-forced")
     }
@@ -603,20 +623,38 @@ def test_real_run_on_the_tiny_model_keeps_every_cell(tiny_checkpoint: Path) -> N
         assert cells[cell_id].status is Status.PASSED, cells[cell_id].detail
     assert "token budget" in cells["reference-hf/float32/chunked-prefill/free-running"].feature_evidence
     assert cells["reference-hf/bfloat16/chunked-prefill/teacher-forced"].error_distribution is not None
-    fast_bf16 = cells["fast-reference/bfloat16/chunked-prefill/free-running"]
-    assert fast_bf16.status is Status.NOT_RUN and "bfloat16" in fast_bf16.detail
-    settings = RunSettings(str(tiny_checkpoint), "cpu", ("float32", "bfloat16"), True, "pytest")
+    page = parse(render_report(_report_of(correctness).to_json()))
+    assert set(REPORT_SECTIONS) <= page.ids
+    assert_self_contained(page)
+
+
+def test_an_engine_that_cannot_run_keeps_its_cells_with_the_reason(tiny_checkpoint: Path) -> None:
+    """The fast engine on the CPU runs Triton's interpreter, which has no bfloat16: its cells are kept, not
+    run, with that reason, and the summary counts them. (Its fp32 cells would take the interpreter half a
+    minute; the fast engine's agreement with the reference is tested in tests/test_fast_engine.py.)"""
+    options = CorrectnessOptions(
+        tiny_checkpoint, torch.device("cpu"), (torch.bfloat16,), quick=True, pairs=(("fast", "reference"),),
+        features=("chunked-prefill",),
+    )  # fmt: skip
+    correctness = run_correctness(options)
+    assert {cell.id for cell in correctness.cells} == {
+        "fast-reference/bfloat16/chunked-prefill/free-running",
+        "fast-reference/bfloat16/chunked-prefill/teacher-forced",
+    }
+    assert all(cell.status is Status.NOT_RUN and "bfloat16" in cell.detail for cell in correctness.cells)
+    assert correctness.status is Status.NOT_RUN and correctness.detail == "2 cells: 0 passed, 0 failed, 2 not run"
+    document = _report_of(correctness).to_json()
+    validate_report(document)
+    assert document["summary"]["not_run"] == 3 + 2  # three sections left out, the two fast bf16 cells
+
+
+def _report_of(correctness: CorrectnessSection):
+    settings = RunSettings("tiny", "cpu", ("float32", "bfloat16"), True, "pytest")
     left_out = "not run: left out by --sections"
-    report = assemble_report(
+    return assemble_report(
         settings, correctness, FuzzSection(Status.NOT_RUN, left_out, ()), KernelSection(Status.NOT_RUN, left_out),
         SpeedSection(Status.NOT_RUN, left_out), torch.device("cpu"),
     )  # fmt: skip
-    document = report.to_json()
-    validate_report(document)
-    assert document["summary"]["not_run"] == 3 + 2  # three sections left out, the two fast bf16 cells
-    page = parse(render_report(document))
-    assert set(REPORT_SECTIONS) <= page.ids
-    assert_self_contained(page)
 
 
 def test_command_writes_both_files(tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
