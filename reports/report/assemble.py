@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import platform
 import statistics
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import torch
@@ -113,9 +114,9 @@ def speed_checks(section: SpeedSection) -> list[Check]:
         return [Check("speed", "speed", "standard workloads", section.status, section.detail)]
     return [
         Check(
-            f"speed/{table.workload}/{table.metric}",
+            _joined("speed", table.workload, table.shape, table.metric),
             "speed",
-            f"{table.workload}: {table.metric}",
+            f"{table.workload}{f' ({table.shape})' if table.shape else ''}: {table.metric}",
             table.status,
             table.note or "measured",
         )
@@ -205,19 +206,38 @@ def fuzz_figures(section: FuzzSection) -> list[Figure]:
 
 
 def speed_figures(section: SpeedSection) -> list[Figure]:
-    return [
-        Figure(
-            f"speed/{table.workload}/{table.metric}/{row.engine}",
-            "speed",
-            f"{table.workload} {table.metric}: {row.engine}",
-            row.value,
-            table.unit,
-            row.spread,
-            table.better,
-        )
-        for table in section.tables
-        for row in table.rows
-    ]
+    """A figure per row (its id names workload, shape, metric, phase, settings and engine: stable
+    across runs for --compare) and per setting cost."""
+    figures = []
+    for table in section.tables:
+        for row in table.rows:
+            names = (table.workload, table.shape, table.metric, row.phase, row.settings, row.engine)
+            title = " ".join(name for name in (table.workload, table.shape, row.phase, table.metric) if name)
+            title += f": {row.engine}" + (f", {row.settings}" if row.settings else "")
+            figures.append(
+                Figure(_joined("speed", *names), "speed", title, row.value, table.unit, row.spread, table.better)
+            )
+    for cost in section.costs:
+        names = ("speed", "cost", cost.setting, cost.workload, cost.shape, cost.phase, cost.metric, cost.settings)
+        title = f"{cost.setting} cost: {cost.workload} {cost.shape} {cost.phase} {cost.metric}, {cost.settings}"
+        figures.append(Figure(_joined(*names), "speed", title, cost.cost_percent, "%", better="lower"))
+    return _unique_ids(figures)
+
+
+def _joined(*names: str | None) -> str:
+    return "/".join(name for name in names if name)
+
+
+def _unique_ids(figures: list[Figure]) -> list[Figure]:
+    """Two records with the same labels (the same run kept twice) give their figures ids #2, #3, ...,
+    so --compare never merges two figures into one."""
+    seen: dict[str, int] = {}
+    unique = []
+    for figure in figures:
+        seen[figure.id] = seen.get(figure.id, 0) + 1
+        count = seen[figure.id]
+        unique.append(figure if count == 1 else replace(figure, id=f"{figure.id}#{count}"))
+    return unique
 
 
 def _cell_title(cell: Cell) -> str:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,7 @@ class PageVisit:
     script_elements: int  # <script> elements in the DOM after load
     title: str
     screenshot_png: bytes
+    probe_values: tuple[Any, ...] = ()  # what each probe expression gave, in order
 
     @property
     def errors(self) -> tuple[ConsoleMessage, ...]:
@@ -94,8 +95,19 @@ def find_chromium() -> str | None:
     return None
 
 
-def visit_page(page: Path, chromium: str, timeout_s: float = 60.0, window: tuple[int, int] = (1280, 1800)) -> PageVisit:
-    """Load `page` (a local file) in a fresh headless Chromium profile and record what happened."""
+def visit_page(
+    page: Path,
+    chromium: str,
+    timeout_s: float = 60.0,
+    window: tuple[int, int] = (1280, 1800),
+    probes: Sequence[str] = (),
+) -> PageVisit:
+    """Load `page` (a local file) in a fresh headless Chromium profile and record what happened.
+
+    `probes` are JavaScript expressions the test harness evaluates through DevTools, in order, after
+    the page's own scripts were counted and the screenshot taken (the page itself runs none): what a
+    reader's browser lays out (element positions, the page's height), or a reader's action (opening
+    every <details>) followed by what it changes."""
     url = page.resolve().as_uri()
     with (
         tempfile.TemporaryDirectory(prefix="twinfer-chromium-") as profile,
@@ -108,11 +120,10 @@ def visit_page(page: Path, chromium: str, timeout_s: float = 60.0, window: tuple
         browser.call("Page.navigate", {"url": url}, session=session)
         browser.wait_for_event("Page.loadEventFired", session)
         browser.pump(SETTLE_S)
-        scripts = browser.call(
-            "Runtime.evaluate", {"expression": "document.scripts.length", "returnByValue": True}, session
-        )
-        title = browser.call("Runtime.evaluate", {"expression": "document.title", "returnByValue": True}, session)
+        scripts = _evaluate(browser, session, "document.scripts.length")
+        title = _evaluate(browser, session, "document.title")
         shot = browser.call("Page.captureScreenshot", {"format": "png"}, session)
+        values = tuple(_evaluate(browser, session, expression) for expression in probes)
         events = [e for e in browser.events if e.get("sessionId") == session]
     return PageVisit(
         url=url,
@@ -120,10 +131,18 @@ def visit_page(page: Path, chromium: str, timeout_s: float = 60.0, window: tuple
             e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"
         ),
         messages=tuple(_messages(events)),
-        script_elements=int(scripts["result"]["value"]),
-        title=str(title["result"]["value"]),
+        script_elements=int(scripts),
+        title=str(title),
         screenshot_png=base64.b64decode(shot["data"]),
+        probe_values=values,
     )
+
+
+def _evaluate(browser: _Chromium, session: str, expression: str) -> Any:
+    reply = browser.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)
+    if "exceptionDetails" in reply:
+        raise BrowserError(f"{expression!r} raised: {reply['exceptionDetails'].get('text', '')}")
+    return reply["result"].get("value")
 
 
 def pixel_variety(png: bytes) -> tuple[int, float]:

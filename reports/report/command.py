@@ -78,8 +78,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--bench-json",
         type=Path,
         nargs="+",
+        action="extend",
         metavar="FILE",
-        help="show these `twinfer bench` records instead of running",
+        help="show these `twinfer bench` records instead of running (repeatable); records of one workload and "
+        "shape share a table, labelled by their engine flags, the defaults first",
     )
     speed.add_argument("--speed-shape", default="qwen3-0.6b", help="model shape of the workloads (default qwen3-0.6b)")
     speed.add_argument("--speed-repeats", type=int, default=3, help="runs per latency phase (default 3)")

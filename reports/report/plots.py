@@ -12,6 +12,7 @@ from typing import Any
 
 import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator
 
 PLOT_STYLE = {
     "svg.fonttype": "path",  # glyphs as paths: no font lookup in the browser
@@ -20,6 +21,7 @@ PLOT_STYLE = {
     "grid.alpha": 0.3,
 }
 FIGURE_SIZE = (6.4, 3.4)
+PLAIN_NUMBER = FuncFormatter(lambda value, _: f"{value:g}")
 
 
 def error_histogram_svg(plot_id: str, title: str, cells: Sequence[dict[str, Any]]) -> str:
@@ -57,6 +59,12 @@ def speed_plot_svg(plot: dict[str, Any]) -> str:
         axes.plot(series["x"], series["y"], marker="o", label=series["label"], linewidth=1.5)
     if plot["log_x"]:
         axes.set_xscale("log", base=2)
+        axes.xaxis.set_major_formatter(PLAIN_NUMBER)  # batch sizes and lengths read as 32, not 2^5
+    if plot.get("log_y"):
+        axes.set_yscale("log")
+        axes.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+        axes.yaxis.set_major_formatter(PLAIN_NUMBER)
+        axes.yaxis.set_minor_formatter(PLAIN_NUMBER)
     axes.set_xlabel(plot["x_label"])
     axes.set_ylabel(plot["y_label"])
     return _finish(figure, axes, plot["id"], plot["title"])

@@ -220,10 +220,21 @@ class KernelSection:
 
 @dataclass(frozen=True)
 class SpeedRow:
+    """One engine's figure in one bench record. The fields after `fraction_of_limit` say where the
+    figure comes from; reports made before they existed lack them (None when read back)."""
+
     engine: str
     value: float
     spread: float | None = None
     fraction_of_limit: float | None = None  # of the measured bandwidth or matmul ceiling
+    # The record's label: its twinfer engine settings as `twinfer bench` flags ("no flags (defaults)"), then
+    # what tells it from another record with the same settings in the table (its commit, else its file).
+    settings: str | None = None
+    phase: str | None = None  # the workload's phase (decode-sweep: "batch-8")
+    times_baseline: float | None = None  # how many times faster than transformers in the same record
+    commit: str | None = None
+    gpu: str | None = None
+    record: str | None = None  # the bench JSON file (None: measured by this run)
 
 
 @dataclass(frozen=True)
@@ -235,6 +246,35 @@ class SpeedTable:
     rows: tuple[SpeedRow, ...]
     note: str = ""
     status: Status = Status.PASSED  # failed where the workload checks something (prefix-shared: identical outputs)
+    shape: str | None = None  # the model shape of every row (None in reports made before tables had one)
+
+
+@dataclass(frozen=True)
+class SettingCost:
+    """What turning an engine setting on costs on one workload: the same figure from two records of one
+    commit, GPU and shape whose engine settings differ only in `setting`. `cost_percent` is how much
+    worse the figure is with it on, in percent of the figure with it off: time per token added, or
+    tokens/s lost."""
+
+    setting: str  # the EngineConfig field, e.g. "batch_invariant"
+    workload: str
+    shape: str
+    phase: str
+    metric: str
+    unit: str
+    better: str
+    engine: str
+    settings: str  # the other settings both records share, as flags
+    off: float
+    on: float
+    cost_percent: float
+    commit: str | None
+    gpu: str | None
+    records: tuple[str, ...]  # the bench JSON files (on, off); empty where this run measured them
+
+    def __post_init__(self) -> None:
+        if self.off <= 0 or self.on <= 0:
+            raise ValueError(f"a setting's cost needs positive figures, got on {self.on}, off {self.off}")
 
 
 @dataclass(frozen=True)
@@ -252,6 +292,7 @@ class SpeedPlot:
     y_label: str
     series: tuple[Series, ...]
     log_x: bool = False
+    log_y: bool = False  # absent in reports made before plots had it
 
 
 @dataclass(frozen=True)
@@ -261,6 +302,7 @@ class SpeedSection:
     tables: tuple[SpeedTable, ...] = ()
     plots: tuple[SpeedPlot, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)
+    costs: tuple[SettingCost, ...] = ()
 
 
 # -- the whole report ----------------------------------------------------------------------

@@ -16,6 +16,8 @@ import jinja2
 from markupsafe import Markup
 
 from reports.report import plots
+from reports.report.contents import contents
+from reports.report.speed_view import speed_view
 
 TEMPLATE_PACKAGE = "reports.report"
 # No script, no fetch of any kind: only the inline stylesheet and inline SVG.
@@ -26,6 +28,7 @@ DISTRIBUTION_FEATURE_PREFERENCE = ("prefix-cache-off", "prefix-cache-on", "chunk
 
 
 def render_report(report: dict[str, Any]) -> str:
+    speed = speed_view(report["speed"])
     return (
         _environment()
         .get_template("report.html.j2")
@@ -33,9 +36,11 @@ def render_report(report: dict[str, Any]) -> str:
             report=report,
             css=_stylesheet(),
             csp=CONTENT_SECURITY_POLICY,
+            contents=contents(report, speed),
             matrix=correctness_matrix(report["correctness"]),
             distribution_plots=_distribution_plots(report["correctness"]),
-            speed_plots=[Markup(plots.speed_plot_svg(plot)) for plot in report["speed"]["plots"]],
+            speed=speed,
+            speed_plots={plot["id"]: Markup(plots.speed_plot_svg(plot)) for plot in report["speed"]["plots"]},
         )
     )
 
@@ -109,6 +114,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     environment.filters["number"] = format_number
+    environment.filters["figure"] = format_figure
     environment.filters["visible"] = visible_text
     environment.filters["median"] = median
     return environment
@@ -133,6 +139,15 @@ def format_number(value: float | int | None, digits: int = 3) -> str:
     if abs(value) >= 1e5 or abs(value) < 1e-3:
         return f"{value:.{digits - 1}e}"
     return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:,.{max(digits - 1, 0)}f}".rstrip("0").rstrip(".")
+
+
+def format_figure(value: float | None) -> str:
+    """A measured figure to four significant digits, whole numbers from 1,000 up (9,628 tokens/s, 1.839 ms)."""
+    if value is None:
+        return "–"
+    if abs(value) >= 1000:
+        return f"{round(value):,}"
+    return f"{value:.4g}"
 
 
 def visible_text(text: str) -> str:

@@ -6,7 +6,7 @@ made up for the page's sake and are never published.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from reports.report.assemble import (
     correctness_checks,
@@ -17,6 +17,7 @@ from reports.report.assemble import (
     speed_checks,
     speed_figures,
 )
+from reports.report.bench_records import BenchRecord
 from reports.report.records import (
     Cell,
     CorrectnessSection,
@@ -31,15 +32,13 @@ from reports.report.records import (
     PytestFileSummary,
     Report,
     RunSettings,
-    Series,
-    SpeedPlot,
-    SpeedRow,
     SpeedSection,
-    SpeedTable,
     Status,
     TokenChoice,
 )
+from reports.report.speed_section import speed_from_records
 from reports.report.verdicts import error_distribution
+from spec.engine_config import EngineConfig
 
 HOSTILE_PROMPT = '<script>alert("prompt")</script> & </td></tr></table>'
 HOSTILE_MODEL = "<script>alert('model')</script>/tiny"
@@ -219,26 +218,128 @@ def _kernels() -> KernelSection:
     )
 
 
-def _speed() -> SpeedSection:
-    table = SpeedTable(
-        workload="decode-sweep batch-8",
-        metric="time per output token",
-        unit="ms",
-        better="lower",
-        rows=(SpeedRow("twinfer fast", 1.9, 0.05, 0.61), SpeedRow("transformers", 24.0, 0.8, 0.05)),
-        note="sample figures",
-    )
-    plot = SpeedPlot(
-        id="throughput-vs-batch",
-        title="decode throughput vs batch size",
-        x_label="batch size",
-        y_label="decode tokens/s",
-        series=(
-            Series("twinfer fast", (1, 8, 32), (600, 4100, 12000)),
-            Series("transformers", (1, 8, 32), (45, 330, 1100)),
+SAMPLE_GPU = "<i>sample GPU</i>"
+SAMPLE_BENCH_COMMIT = "feedc0ffee0123456789abcdef0123456789abcd"
+TUNED = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "async_scheduling": True}
+# (label, requests, prompt tokens, output tokens) of each workload's phases, as reports.bench_workloads has them.
+SAMPLE_PHASES = {
+    "offline-256": (("offline", 256, 142827, 133966),),
+    "decode-bs1": (("decode", 1, 128, 256),),
+    "decode-sweep": tuple((f"batch-{n}", n, 1024 * n, 128 * n) for n in (1, 8, 32)),
+    "prefix-shared": (("prefix-caching-on", 64, 139264, 8192), ("prefix-caching-off", 64, 139264, 8192)),
+}
+
+
+def bench_record(
+    workload: str,
+    figures: dict[str, dict[str, tuple[float, float]]],
+    settings: dict[str, object] | None = None,
+    shape: str = "qwen3-0.6b",
+    commit: str = SAMPLE_BENCH_COMMIT,
+    identical_with_prefix_caching: bool | None = None,
+) -> dict[str, object]:
+    """A `twinfer bench` record in the format reports.bench writes, holding the fields the report reads.
+    `figures`: per engine ("fast", "hf"), per phase label, (output tokens/s, time per output token in s);
+    the floors are derived from them with a fixed ceiling, so the page has fractions to show."""
+    settings = settings or {}
+    shapes = {label: (requests, prompt, output) for label, requests, prompt, output in SAMPLE_PHASES[workload]}
+    results = []
+    for engine, by_phase in figures.items():
+        phases = [_bench_phase(engine, label, *values, shapes[label], settings) for label, values in by_phase.items()]
+        result: dict[str, object] = {"engine": engine, "phases": phases, "comparisons": None}
+        if engine == "hf":
+            result["transformers_settings"] = {"attn_implementation": "sdpa", "continuous_batching_given": {}}
+        else:
+            result["engine_settings_given"] = dict(settings)
+            if identical_with_prefix_caching is not None:
+                result["comparisons"] = {
+                    "phases": ["prefix-caching-on", "prefix-caching-off"],
+                    "outputs_identical": identical_with_prefix_caching,
+                    "num_requests_identical": 64 if identical_with_prefix_caching else 61,
+                    "num_requests": 64,
+                }
+        results.append(result)
+    return {
+        "record": "twinfer bench",
+        "workload": {
+            "name": workload,
+            "standard_workload": True,
+            "scale": 1.0,
+            "scale_note": None,
+            "phases": [
+                {"label": label, "num_requests": requests, "num_prompt_tokens": prompt, "num_output_tokens": output}
+                for label, requests, prompt, output in SAMPLE_PHASES[workload]
+            ],
+        },
+        "shape": {"name": shape, "num_parameters": 596049920 if shape == "qwen3-0.6b" else 8190735360},
+        "dtype": "bfloat16",
+        "environment": {"device": "cuda", "gpu": SAMPLE_GPU, "gpu_driver": "1.0", "commit": commit},
+        "ceilings": {
+            "copy_bandwidth": {"value": 4000.0, "unit": "GB/s (bytes read + written)"},
+            "matmul_bf16": {"value": 800.0, "unit": "TFLOP/s"},
+        },
+        "runs_per_phase": 3,
+        "weight_seed": 0,
+        "results": results,
+    }
+
+
+def _bench_phase(
+    engine: str,
+    label: str,
+    tokens_per_s: float,
+    tpot_s: float,
+    shape: tuple[int, int, int],
+    settings: dict[str, object],
+) -> dict[str, object]:
+    requests, prompt_tokens, output_tokens = shape
+    metrics = {
+        "num_requests": requests,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "output_tokens_per_s": tokens_per_s,
+        "prompt_tokens_served_from_cache": None,
+        "prompt_tokens_computed": None,
+        "tpot_s": tpot_s,
+        "tpot_s_per_run": [tpot_s * 0.99, tpot_s, tpot_s * 1.02],
+        "floors": {
+            "fraction_of_output_ceiling": tokens_per_s / 40000.0,
+            "tpot_over_decode_step_floor": tpot_s / 4e-4,
+        },
+    }
+    entry: dict[str, object] = {"phase": label, "metrics": metrics}
+    if engine != "hf":
+        entry["engine_config"] = asdict(EngineConfig(**settings))
+    return entry
+
+
+def sample_bench_records() -> list[dict[str, object]]:
+    """Every kind of record the speed section shows: one workload at tuned flags (given first) and at the
+    defaults, batch-invariant mode on beside the same flags off, another shape, a sweep, prefix-shared."""
+    return [
+        bench_record("offline-256", {"fast": {"offline": (20000.0, 0.011)}, "hf": {"offline": (600.0, 0.26)}}, TUNED),
+        bench_record("offline-256", {"fast": {"offline": (12000.0, 0.018)}, "hf": {"offline": (600.0, 0.26)}}),
+        bench_record("offline-256", {"fast": {"offline": (18000.0, 0.012)}}, {**TUNED, "batch_invariant": True}),
+        bench_record("decode-bs1", {"fast": {"decode": (1000.0, 0.001)}, "hf": {"decode": (25.0, 0.04)}}),
+        bench_record(
+            "decode-bs1", {"fast": {"decode": (160.0, 0.006)}, "hf": {"decode": (22.0, 0.045)}}, shape="qwen3-8b"
         ),
-        log_x=True,
-    )
-    return SpeedSection(
-        Status.PASSED, "sample workloads", (table,), (plot,), {"gpu": "<i>sample GPU</i>", "driver": "1.0"}
-    )
+        bench_record(
+            "decode-sweep",
+            {
+                "fast": {"batch-1": (800.0, 0.0012), "batch-8": (4000.0, 0.0019), "batch-32": (10000.0, 0.0031)},
+                "hf": {"batch-1": (35.0, 0.028), "batch-8": (260.0, 0.030), "batch-32": (1300.0, 0.024)},
+            },
+            TUNED,
+        ),
+        bench_record(
+            "prefix-shared",
+            {"fast": {"prefix-caching-on": (6600.0, 0.009), "prefix-caching-off": (5000.0, 0.011)}},
+            identical_with_prefix_caching=True,
+        ),
+    ]
+
+
+def _speed() -> SpeedSection:
+    records = [BenchRecord(record, f"bench/sample-{index}.json") for index, record in enumerate(sample_bench_records())]
+    return speed_from_records(records)

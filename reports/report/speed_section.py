@@ -2,13 +2,15 @@
 (twinfer beside transformers in the same process), or read from bench JSON records made earlier.
 
 Every figure shown comes from a bench record: the measured value, its run-to-run spread where the
-workload ran several times, and the fraction of the physical limit that the record computed from
-the copy bandwidth and matmul ceiling measured in the same process.
+workload ran several times, how many times faster than transformers in the same record, and the
+fraction of the physical limit that the record computed from the copy bandwidth and matmul ceiling
+measured in the same process. Records of one workload and shape share a table, one row per engine
+and record, each record labelled with its engine settings (the defaults first); two records that
+differ only in batch-invariant mode also give that mode's cost.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,34 +19,31 @@ from typing import Any
 
 import torch
 
-from reports.report.records import Series, SpeedPlot, SpeedRow, SpeedSection, SpeedTable, Status
+from reports.report.bench_records import (
+    HF,
+    BenchRecord,
+    defaults_first,
+    load_records,
+    record_labels,
+    short_commit,
+)
+from reports.report.records import SpeedRow, SpeedSection, SpeedTable, Status
+from reports.report.setting_costs import setting_costs
+from reports.report.speed_metrics import (
+    SHOWN_ORDER,
+    STANDARD_WORKLOADS,
+    TPOT,
+    Metric,
+    engine_label,
+    shown_value,
+    times_faster,
+    workload_metrics,
+)
+from reports.report.speed_series import speed_plots
 
 logger = logging.getLogger(__name__)
 
-STANDARD_WORKLOADS = ("decode-bs1", "decode-sweep", "prefix-shared", "long-context", "offline-256")
 QUICK_WORKLOADS = ("decode-bs1",)
-ENGINE_LABELS = {"hf": "transformers", "fast": "twinfer fast", "reference": "twinfer reference"}
-
-
-@dataclass(frozen=True)
-class Metric:
-    key: str  # in a bench phase's "metrics"
-    title: str
-    unit: str
-    scale: float  # shown value = value * scale
-    better: str
-
-
-OUTPUT_RATE = Metric("output_tokens_per_s", "output tokens/s", "tokens/s", 1.0, "higher")
-TPOT = Metric("tpot_s", "time per output token", "ms", 1e3, "lower")
-PREFILL_RATE = Metric("prefill_tokens_per_s", "prefill tokens/s", "tokens/s", 1.0, "higher")
-WORKLOAD_METRICS = {
-    "offline-256": (OUTPUT_RATE,),
-    "decode-bs1": (TPOT,),
-    "decode-sweep": (TPOT, OUTPUT_RATE),
-    "prefix-shared": (OUTPUT_RATE,),
-    "long-context": (PREFILL_RATE, TPOT),
-}
 
 
 @dataclass(frozen=True)
@@ -62,27 +61,13 @@ class SpeedOptions:
 
 def speed_section(options: SpeedOptions) -> SpeedSection:
     if options.bench_json:
-        records, problems = _load_records(options.bench_json)
+        records, problems = load_records(options.bench_json)
     elif options.device.type != "cuda" and not options.allow_cpu:
         return SpeedSection(Status.NOT_RUN, "not run: no CUDA device (the standard workloads are measured on a GPU)")
     else:
-        records, problems = _run_workloads(options)
+        made, problems = _run_workloads(options)
+        records = [BenchRecord(record) for record in made]
     return speed_from_records(records, problems)
-
-
-def _load_records(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[str]]:
-    records, problems = [], []
-    for path in paths:
-        try:
-            record = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            problems.append(f"{path}: unreadable bench record: {error}")
-            continue
-        if record.get("record") != "twinfer bench":
-            problems.append(f"{path}: not a `twinfer bench` record")
-            continue
-        records.append(record)
-    return records, problems
 
 
 def _run_workloads(options: SpeedOptions) -> tuple[list[dict[str, Any]], list[str]]:
@@ -114,65 +99,101 @@ def _run_workloads(options: SpeedOptions) -> tuple[list[dict[str, Any]], list[st
     return records, problems
 
 
-def speed_from_records(records: Sequence[dict[str, Any]], problems: Sequence[str] = ()) -> SpeedSection:
-    """Tables, plots and environment from bench records; `problems` are workloads that did not run."""
+def speed_from_records(records: Sequence[BenchRecord], problems: Sequence[str] = ()) -> SpeedSection:
+    """Tables, plots, costs and environment from bench records; `problems` are workloads or files
+    that gave no record."""
     if not records:
         reason = "; ".join(problems) or "no workload was selected"
         return SpeedSection(Status.NOT_RUN, f"not run: {reason}")
-    tables = [table for record in records for table in _tables(record)]
-    plots = [plot for plot in (_throughput_plot(records), _tpot_context_plot(records), _fraction_plot(records)) if plot]
-    names = ", ".join(record["workload"]["name"] for record in records)
-    detail = f"workloads {names} on the {records[0]['shape']['name']} shape (random weights), {records[0]['dtype']}"
-    if problems:
-        detail += "; not run: " + "; ".join(problems)
+    tables = [table for group in _groups(records) for table in _tables(group)]
     failed = any(table.status is Status.FAILED for table in tables)
     return SpeedSection(
         status=Status.FAILED if failed else Status.PASSED,
-        detail=detail,
+        detail=_detail(records, problems),
         tables=tuple(tables),
-        plots=tuple(plots),
-        environment=_environment(records[0]),
+        plots=tuple(speed_plots(records)),
+        environment=_environment(records),
+        costs=tuple(setting_costs(records)),
     )
 
 
-def _tables(record: dict[str, Any]) -> list[SpeedTable]:
-    workload = record["workload"]
-    labels = [phase["label"] for phase in workload["phases"]]
-    metrics = WORKLOAD_METRICS.get(workload["name"], (OUTPUT_RATE, TPOT))
-    notes = [] if workload["standard_workload"] else [workload["scale_note"]]
-    status, comparison_note = _prefix_caching_verdict(record)
+def _groups(records: Sequence[BenchRecord]) -> list[list[BenchRecord]]:
+    """The records of each (workload, shape), workloads in the page's order, the defaults first."""
+    keys = list(dict.fromkeys((record.workload, record.shape) for record in records))
+    keys.sort(key=lambda key: SHOWN_ORDER.index(key[0]) if key[0] in SHOWN_ORDER else len(SHOWN_ORDER))
+    return [defaults_first([r for r in records if (r.workload, r.shape) == key]) for key in keys]
+
+
+def _tables(group: list[BenchRecord]) -> list[SpeedTable]:
+    """One table per metric of the workload: a row per phase, record and engine."""
+    workload = group[0].workload
+    labels = record_labels(group)
+    phases = list(dict.fromkeys(p["label"] for record in group for p in record.data["workload"]["phases"]))
+    notes = _notes(group, labels)
+    status = Status.FAILED if any(_prefix_caching_differs(record) for record in group) else Status.PASSED
     tables = []
-    for label in labels:
-        name = workload["name"] if len(labels) == 1 else f"{workload['name']} {label}"
-        for metric in metrics:
-            rows = tuple(row for result in record["results"] if (row := _row(result, label, metric)) is not None)
-            if rows:
-                note = "; ".join(
-                    [*notes, *_phase_notes(record, label), *([comparison_note] if comparison_note else [])]
+    for metric in workload_metrics(workload):
+        rows = tuple(
+            row
+            for phase in phases
+            for record, label in zip(group, labels, strict=True)
+            for row in _rows(record, label, phase, metric, show_phase=len(phases) > 1)
+        )
+        if rows:
+            tables.append(
+                SpeedTable(
+                    workload=workload,
+                    metric=metric.title,
+                    unit=metric.unit,
+                    better=metric.better,
+                    rows=rows,
+                    note="; ".join(notes),
+                    status=status,
+                    shape=group[0].shape,
                 )
-                tables.append(SpeedTable(name, metric.title, metric.unit, metric.better, rows, note, status))
+            )
     return tables
 
 
-def _row(result: dict[str, Any], label: str, metric: Metric) -> SpeedRow | None:
-    phase = next((p for p in result["phases"] if p["phase"] == label), None)
-    if phase is None or phase["metrics"].get(metric.key) is None:
-        return None
-    metrics = phase["metrics"]
-    spread = None
-    if metric is TPOT:
-        per_run = [value for value in metrics.get("tpot_s_per_run") or [] if value is not None]
-        spread = (max(per_run) - min(per_run)) * metric.scale if len(per_run) > 1 else None
-    return SpeedRow(
-        ENGINE_LABELS.get(result["engine"], result["engine"]),
-        metrics[metric.key] * metric.scale,
-        spread,
-        _fraction_of_limit(metrics.get("floors") or {}, metric),
-    )
+def _rows(record: BenchRecord, label: str, phase: str, metric: Metric, show_phase: bool) -> list[SpeedRow]:
+    """The record's row of each engine that measured `metric` in `phase`, twinfer before transformers."""
+    by_engine = {
+        result["engine"]: entry["metrics"]
+        for result in record.data["results"]
+        for entry in result["phases"]
+        if entry["phase"] == phase and shown_value(entry["metrics"], metric) is not None
+    }
+    baseline = shown_value(by_engine[HF], metric) if HF in by_engine else None
+    rows = []
+    for engine, metrics in by_engine.items():
+        value = shown_value(metrics, metric)
+        compared = engine != HF and baseline and value > 0
+        rows.append(
+            SpeedRow(
+                engine=engine_label(engine),
+                value=value,
+                spread=_spread(metrics, metric),
+                fraction_of_limit=_fraction_of_limit(metrics.get("floors") or {}, metric),
+                settings=label,
+                phase=phase if show_phase else None,
+                times_baseline=times_faster(value, baseline, metric) if compared else None,
+                commit=record.commit,
+                gpu=record.gpu,
+                record=record.source or None,
+            )
+        )
+    return rows
+
+
+def _spread(metrics: dict[str, Any], metric: Metric) -> float | None:
+    if metric is not TPOT:
+        return None  # throughput comes from one run (the first, with a cold prefix cache)
+    per_run = [value for value in metrics.get("tpot_s_per_run") or [] if value is not None]
+    return (max(per_run) - min(per_run)) * metric.scale if len(per_run) > 1 else None
 
 
 def _fraction_of_limit(floors: dict[str, Any], metric: Metric) -> float | None:
-    if metric is OUTPUT_RATE:
+    if metric.key == "output_tokens_per_s":
         return floors.get("fraction_of_output_ceiling")
     if metric is TPOT:
         ratio = floors.get("tpot_over_decode_step_floor")
@@ -180,125 +201,98 @@ def _fraction_of_limit(floors: dict[str, Any], metric: Metric) -> float | None:
     return floors.get("prefill_fraction_of_matmul_ceiling")
 
 
-def _phase_notes(record: dict[str, Any], label: str) -> list[str]:
+def _notes(group: list[BenchRecord], labels: list[str]) -> list[str]:
+    """What a reader needs beside the figures: a scaled-down workload, prefix-cache hits, and whether
+    outputs with prefix caching on and off were identical; each named by its record where several share the table."""
     notes = []
-    for result in record["results"]:
-        phase = next((p for p in result["phases"] if p["phase"] == label), None)
-        if phase is None:
-            continue
-        metrics = phase["metrics"]
-        if metrics.get("prompt_tokens_computed") is not None and metrics.get("prompt_tokens_served_from_cache"):
-            engine = ENGINE_LABELS.get(result["engine"], result["engine"])
-            computed, served = metrics["prompt_tokens_computed"], metrics["prompt_tokens_served_from_cache"]
-            notes.append(f"{engine}: {computed:,} prompt tokens computed, {served:,} served from the prefix cache")
+    for record, label in zip(group, labels, strict=True):
+        own = [
+            *([record.data["workload"]["scale_note"]] if not record.data["workload"]["standard_workload"] else []),
+            *_cache_notes(record),
+            *_prefix_caching_notes(record),
+        ]
+        notes.extend(f"{label}: {note}" if len(group) > 1 else note for note in own)
     return notes
 
 
-def _prefix_caching_verdict(record: dict[str, Any]) -> tuple[Status, str]:
-    for result in record["results"]:
+def _cache_notes(record: BenchRecord) -> list[str]:
+    notes = []
+    for result in record.data["results"]:
+        for entry in result["phases"]:
+            metrics = entry["metrics"]
+            if metrics.get("prompt_tokens_computed") is not None and metrics.get("prompt_tokens_served_from_cache"):
+                computed, served = metrics["prompt_tokens_computed"], metrics["prompt_tokens_served_from_cache"]
+                notes.append(
+                    f"{engine_label(result['engine'])} {entry['phase']}: {computed:,} prompt tokens computed, "
+                    f"{served:,} served from the prefix cache"
+                )
+    return notes
+
+
+def _prefix_caching_notes(record: BenchRecord) -> list[str]:
+    notes = []
+    for result in record.data["results"]:
         comparison = result.get("comparisons")
         if comparison:
             identical = comparison["outputs_identical"]
-            note = (
+            notes.append(
                 f"outputs with prefix caching on and off {'identical' if identical else 'DIFFER'} "
                 f"({comparison['num_requests_identical']} of {comparison['num_requests']} requests)"
             )
-            return (Status.PASSED if identical else Status.FAILED), note
-    return Status.PASSED, ""
+    return notes
 
 
-def _phase_records(records: Sequence[dict[str, Any]], workload: str):
-    """(engine, phase record from the workload, phase metrics) for every phase of `workload`."""
+def _prefix_caching_differs(record: BenchRecord) -> bool:
+    return any(
+        result.get("comparisons") and not result["comparisons"]["outputs_identical"]
+        for result in record.data["results"]
+    )
+
+
+def _detail(records: Sequence[BenchRecord], problems: Sequence[str]) -> str:
+    counts: dict[str, int] = {}
     for record in records:
-        if record["workload"]["name"] != workload:
-            continue
-        shapes = {phase["label"]: phase for phase in record["workload"]["phases"]}
-        for result in record["results"]:
-            for phase in result["phases"]:
-                yield result["engine"], shapes[phase["phase"]], phase["metrics"]
+        counts[record.workload] = counts.get(record.workload, 0) + 1
+    workloads = ", ".join(f"{name} ({count} records)" if count > 1 else name for name, count in counts.items())
+    shapes = ", ".join(dict.fromkeys(record.shape for record in records))
+    dtypes = ", ".join(dict.fromkeys(record.data["dtype"] for record in records))
+    commits = ", ".join(dict.fromkeys(short_commit(record.commit) for record in records))
+    gpus = ", ".join(dict.fromkeys(str(record.gpu) for record in records))
+    detail = f"{workloads} on {shapes} (random weights), {dtypes}; commit {commits}; {gpus}"
+    missing = [name for name in STANDARD_WORKLOADS if name not in counts]
+    if missing:
+        detail += "; not measured: " + ", ".join(missing)
+    if problems:
+        detail += "; not read or not run: " + "; ".join(problems)
+    return detail
 
 
-def _throughput_plot(records: Sequence[dict[str, Any]]) -> SpeedPlot | None:
-    points: dict[str, list[tuple[float, float]]] = {}
-    for engine, phase, metrics in _phase_records(records, "decode-sweep"):
-        if metrics.get("tpot_s"):
-            points.setdefault(engine, []).append((phase["num_requests"], phase["num_requests"] / metrics["tpot_s"]))
-    return _plot(
-        "throughput-vs-batch",
-        "decode-sweep: decode throughput vs batch size",
-        "batch size",
-        "decode tokens/s (batch / TPOT)",
-        points,
-        log_x=True,
-    )
+def _environment(records: Sequence[BenchRecord]) -> dict[str, str]:
+    """Where the records were measured; a value that differs between records lists each distinct one."""
+    shown: dict[str, list[str]] = {}
+    for record in records:
+        for key, value in _record_environment(record).items():
+            values = shown.setdefault(key, [])
+            if value not in values:
+                values.append(value)
+    return {key: ", ".join(values) for key, values in shown.items()}
 
 
-def _tpot_context_plot(records: Sequence[dict[str, Any]]) -> SpeedPlot | None:
-    points: dict[str, list[tuple[float, float]]] = {}
-    for workload in ("decode-bs1", "decode-sweep", "long-context"):
-        for engine, phase, metrics in _phase_records(records, workload):
-            if not metrics.get("tpot_s"):
-                continue
-            requests = phase["num_requests"]
-            context = (phase["num_prompt_tokens"] + phase["num_output_tokens"] / 2) / requests
-            points.setdefault(f"{engine}, batch {requests}", []).append((context, metrics["tpot_s"] * 1e3))
-    # A batch size measured at one context length only is a point, not a curve: left to the tables.
-    points = {label: values for label, values in points.items() if len(values) > 1}
-    return _plot(
-        "tpot-vs-context",
-        "time per output token vs context length",
-        "mean context length during decode (tokens)",
-        "TPOT (ms)",
-        points,
-        log_x=True,
-    )
-
-
-def _fraction_plot(records: Sequence[dict[str, Any]]) -> SpeedPlot | None:
-    points: dict[str, list[tuple[float, float]]] = {}
-    for engine, phase, metrics in _phase_records(records, "decode-sweep"):
-        ratio = (metrics.get("floors") or {}).get("tpot_over_decode_step_floor")
-        if ratio:
-            points.setdefault(engine, []).append((phase["num_requests"], 1 / ratio))
-    return _plot(
-        "fraction-of-floor",
-        "decode-sweep: fraction of the bandwidth floor",
-        "batch size",
-        "decode step floor / TPOT",
-        points,
-        log_x=True,
-    )
-
-
-def _plot(
-    plot_id: str, title: str, x_label: str, y_label: str, points: dict[str, list[tuple[float, float]]], log_x: bool
-) -> SpeedPlot | None:
-    if not points:
-        return None
-    series = []
-    for label, values in sorted(points.items()):
-        values.sort()
-        engine, _, rest = label.partition(",")
-        shown = ENGINE_LABELS.get(engine, engine) + ("," + rest if rest else "")
-        series.append(Series(shown, tuple(float(x) for x, _ in values), tuple(float(y) for _, y in values)))
-    return SpeedPlot(plot_id, title, x_label, y_label, tuple(series), log_x)
-
-
-def _environment(record: dict[str, Any]) -> dict[str, str]:
-    environment = record["environment"]
-    ceilings = record["ceilings"]
-    shape = record["shape"]
+def _record_environment(record: BenchRecord) -> dict[str, str]:
+    environment = record.data["environment"]
+    ceilings = record.data["ceilings"]
+    shape = record.data["shape"]
     shown = {
-        "gpu": environment.get("gpu") or environment.get("device"),
+        "gpu": record.gpu,
         "gpu driver": environment.get("gpu_driver"),
         "cuda": environment.get("cuda"),
         "torch": environment.get("torch"),
         "triton": environment.get("triton"),
         "transformers": environment.get("transformers"),
-        "bench commit": environment.get("commit"),
+        "bench commit": record.commit,
         "copy bandwidth": f"{ceilings['copy_bandwidth']['value']:.4g} {ceilings['copy_bandwidth']['unit']}",
         "bf16 matmul ceiling": f"{ceilings['matmul_bf16']['value']:.4g} {ceilings['matmul_bf16']['unit']}",
         "model shape": f"{shape['name']} ({shape.get('num_parameters', '?')} parameters, random weights)",
-        "dtype": record["dtype"],
+        "dtype": record.data["dtype"],
     }
     return {key: "none" if value is None else str(value) for key, value in shown.items()}
