@@ -31,6 +31,11 @@ if not HAS_CUDA:
     # The test models are tiny: extra intra-op threads only add contention (a 64x128 matmul was
     # 100x slower with 2 threads than with 1 on the 2-core CI machine).
     torch.set_num_threads(1)
+else:
+    # pytest-xdist runs one worker per core (addopts: -n auto): each worker's CPU work (the reference engine,
+    # transformers) gets its share of the cores instead of every worker starting one thread per core.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -68,10 +68,12 @@ def run_pytest(
 
 
 def _xdist_workers() -> list[str]:
-    workers = os.environ.get("TWINFER_REPORT_PYTEST_WORKERS", "")
-    if not workers.isdigit() or int(workers) < 2 or importlib.util.find_spec("xdist") is None:
+    """-n N from TWINFER_REPORT_PYTEST_WORKERS; else -n 0, overriding the project's `-n auto` (one run in
+    one process: this one may itself be a pytest worker)."""
+    if importlib.util.find_spec("xdist") is None:
         return []
-    return ["-n", workers]
+    workers = os.environ.get("TWINFER_REPORT_PYTEST_WORKERS", "")
+    return ["-n", workers if workers.isdigit() and int(workers) >= 2 else "0"]
 
 
 def _tail(text: str | bytes | None, chars: int = 2000) -> str:
