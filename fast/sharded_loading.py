@@ -7,9 +7,9 @@ Before reading, every tensor the files hold is checked against the model's confi
 `spec.checkpoint.load_state_dict` checks it (names from `expected_weight_shapes`, shapes, a float
 dtype; unknown tensors refused), using only the files' headers.
 
-Both sources are picklable, so the engine hands them to the worker processes it spawns: a
-checkpoint as its path, a state dict through torch.multiprocessing's tensor sharing (shared memory
-on the CPU, CUDA IPC on a GPU).
+Both sources are picklable, so the engine hands them to the worker processes it starts
+(fast.tp_launch): a checkpoint as its path, a state dict through torch.multiprocessing's tensor
+sharing (shared memory on the CPU, CUDA IPC on a GPU), never as the tensors' bytes.
 """
 
 from __future__ import annotations

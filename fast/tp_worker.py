@@ -3,9 +3,9 @@ over this rank's shard, then replay every step rank 0 sends until it says stop.
 
 Two ways to get here:
 
-* spawned by the engine (fast.tp_launch, torch.multiprocessing "spawn", one host): the process runs
-  `spawned_worker_main`, which reports to rank 0 through a queue (started, or the traceback of a
-  failure) and exits when rank 0's process exits, whatever happens to it;
+* started by the engine (fast.tp_launch, one host): the process runs `python -m fast.tp_worker_process`,
+  which receives this spec from rank 0 over a socket pair, reports to rank 0 on it (started, or the
+  traceback of a failure) and exits when rank 0's process exits, whatever happens to it;
 * started by torchrun (several hosts): every rank runs the user's script; on ranks > 0 the fast
   engine's constructor calls `serve_rank` and then ends the process (SystemExit(0)) once rank 0
   shuts down, so the script's code after the constructor runs on rank 0 only.
@@ -14,13 +14,7 @@ Two ways to get here:
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import multiprocessing.connection
-import os
-import threading
-import traceback
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -32,13 +26,10 @@ from spec.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-STARTED = "started"
-FAILED = "failed"
-
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What every rank builds its runner from (picklable: sent to spawned workers)."""
+    """What every rank builds its runner from (picklable: sent to the worker processes)."""
 
     model_config: ModelConfig
     weights: WeightSource
@@ -60,13 +51,6 @@ class WorkerSpec:
         return torch.device("cuda", (base.index or 0) + rank)
 
 
-@dataclass(frozen=True)
-class WorkerReport:
-    rank: int
-    kind: str  # STARTED or FAILED
-    detail: str  # pid, or the failure's traceback
-
-
 def serve_rank(rank: int, device: torch.device, spec: WorkerSpec) -> None:
     """Join the groups, build this rank's runner (the start-up collectives meet rank 0's), serve until stop."""
     torch.set_num_threads(spec.num_threads)
@@ -81,36 +65,3 @@ def serve_rank(rank: int, device: torch.device, spec: WorkerSpec) -> None:
     runner.release_graphs()  # before the groups: captured NCCL collectives pin the communicator
     groups.destroy()
     logger.info("tensor-parallel rank %d: process groups destroyed", rank)
-
-
-def spawned_worker_main(rank: int, spec: WorkerSpec, reports: Any) -> None:
-    """Entry point of a spawned worker process. reports: a multiprocessing queue to rank 0."""
-    _exit_when_parent_exits()
-    reports.put(WorkerReport(rank, STARTED, str(os.getpid())))
-    try:
-        serve_rank(rank, spec.device_for(rank), spec)
-    except BaseException:
-        reports.put(WorkerReport(rank, FAILED, traceback.format_exc()))
-        reports.close()
-        reports.join_thread()  # the report must reach rank 0 before the process goes
-        # Leave at once: a broken process group can block in the destructors of a normal exit.
-        os._exit(1)
-    # Stopped cleanly, groups destroyed. Leave without the interpreter's teardown too: destructors of
-    # captured CUDA graphs and symmetric memory at exit have nothing left to do but could wait on peers.
-    reports.close()
-    reports.join_thread()
-    logging.shutdown()
-    os._exit(0)
-
-
-def _exit_when_parent_exits() -> None:
-    """A worker never outlives the engine's process, even one killed without a chance to clean up."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        os._exit(1)
-
-    threading.Thread(target=watch, name="twinfer-tp-parent-watch", daemon=True).start()

@@ -7,9 +7,16 @@ prefill and preemption. The models cover a tied Qwen3 (2 KV heads, one per rank)
 one KV head (fewer than ranks: replicated), biases on every projection (row-parallel biases added
 once), an untied LM head and a vocabulary of 383 rows (the second rank's shard padded).
 
-Faults: a size that does not split the model is a ConfigError before any process starts; a worker
-that raises, or is killed, makes rank 0 raise TensorParallelError naming it, and no process stays
-behind. The torchrun path (ranks from the environment) runs the same generation.
+Faults: a size that does not split the model, and weights that a fresh process could not import,
+are ConfigErrors before any process starts; a worker that raises at start-up, or is killed between
+steps or while a step is launched ahead, makes rank 0 raise TensorParallelError naming it, and no
+process stays behind. (tests/test_tp_teardown.py tests the worker processes' machinery alone.)
+
+Programs of their own: the ranks start from a script on standard input, `python -c` and an
+interactive session, and from the environment as torchrun sets it, each generating the reference's
+tokens. These run in subprocesses on the CPU, so also on a CUDA machine; the tests that run the
+engine in this process need the interpreter here (marker `interpreter`: skipped on a CUDA machine,
+where tests/test_tensor_parallel_gpu.py runs the same cases on NCCL).
 
 Each decode step costs about a second per rank in the interpreter: sequences are short.
 """
@@ -18,21 +25,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from fast import tp_launch
 from fast.engine import FastEngine
 from fast.parallel import TensorParallelError
 from fast.sharded_loading import CheckpointWeights, StateDictWeights, open_checkpoint_slices
+from fast.tp_worker import WorkerSpec
 from fast.weights import ShardLayout, check_tensor_parallel_size, pack_weights
 from reference.engine import ReferenceEngine
 from reports.differential import hf_greedy_trace, trace_from_output
@@ -43,13 +53,16 @@ from spec.engine_config import EngineConfig
 from spec.errors import CheckpointError, ConfigError
 from spec.model_config import ModelConfig
 from spec.sampling_params import SamplingParams
-from tests.engines import record_plans
+from tests.engines import FAST_DEVICE, record_plans
+from tests.tp_faults import ExplodingStateDict
 
 pytestmark = pytest.mark.differential
 
-MAX_NEW_TOKENS = 16
+# The interpreter's time goes by the tokens computed and the decode steps (by sequence and layer): the
+# smallest blocks keep the prompts short, and four new tokens still decode across a block (see below).
+BLOCK_SIZE = 4
+MAX_NEW_TOKENS = 4
 TOP_K = 5
-BLOCK_SIZE = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True, logprobs=TOP_K)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,14 +73,29 @@ def _prompt(length: int) -> list[int]:
     return [_rng.randrange(383) for _ in range(length)]
 
 
-# 1 token, exactly a block, one past, several blocks.
-MIXED_PROMPTS = [_prompt(n) for n in (1, BLOCK_SIZE, BLOCK_SIZE + 1, 3 * BLOCK_SIZE + 3)]
+# 1 token, exactly a block, one past, several blocks. The decode of the second opens a new block with its
+# first token, that of the last one with its third.
+MIXED_PROMPTS = [_prompt(n) for n in (1, BLOCK_SIZE, BLOCK_SIZE + 1, 3 * BLOCK_SIZE + 2)]
 SHARED_PREFIX = _prompt(3 * BLOCK_SIZE + 2)
 PREFIX_PROMPTS = [SHARED_PREFIX + _prompt(n) for n in (1, 5)]
 
+# Two layers, not the tiny model's three: the interpreter's cost goes by layers and kernel launches, and
+# two still tell each layer's weights and KV cache apart.
+QWEN3_SHAPE = TinyModelShape(num_hidden_layers=2)
 LLAMA_SHAPE = TinyModelShape(
-    num_key_value_heads=1, tie_word_embeddings=False, attention_bias=True, mlp_bias=True, tokenizer_vocab_size=383
-)
+    num_hidden_layers=2, num_key_value_heads=1, tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
+    tokenizer_vocab_size=383,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def qwen3_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Without a tokenizer, so that the programs below that use LLM return token ids without importing
+    transformers."""
+    checkpoint = write_tiny_model(tmp_path_factory.mktemp("tp-qwen3") / "kv2", seed=3, shape=QWEN3_SHAPE)
+    for tokenizer_file in checkpoint.glob("tokenizer*"):
+        tokenizer_file.unlink()
+    return checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +103,12 @@ def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(
         tmp_path_factory.mktemp("tp-llama") / "kv1", seed=5, shape=LLAMA_SHAPE, architecture="llama"
     )
+
+
+def _hf_model(checkpoint: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
 
 
 def _weights(checkpoint: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -110,7 +144,18 @@ def _assert_gone(pids: list[int]) -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    assert not multiprocessing.active_children()
+
+
+def _assert_raises_that_rank_1_was_killed(step: Callable[[], object]) -> None:
+    started = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
+        step()
+    assert time.monotonic() - started < 30
+
+
+def _run_to_the_end(engine: FastEngine) -> None:
+    while engine.has_unfinished:
+        engine.step()
 
 
 def _worker_pids(engine: FastEngine) -> list[int]:
@@ -207,12 +252,16 @@ def test_sharded_loading_refuses_a_transposed_tensor(tmp_path: Path, llama_check
 # ----------------------------------------------------------------------------- two ranks against the reference
 
 
-def test_two_ranks_match_reference_and_transformers_qwen3(tiny_checkpoint: Path, hf_model) -> None:
-    """Sharded loading from the checkpoint; a mixed batch, then prefix hits; shutdown ends every rank."""
-    config, state_dict = _weights(tiny_checkpoint)
+@pytest.mark.interpreter
+def test_two_ranks_match_reference_and_transformers_qwen3(qwen3_checkpoint: Path) -> None:
+    """Sharded loading from the checkpoint; a mixed batch, then prefix hits. Then rank 1 is killed between
+    steps: the next step raises, naming it, within a bound, and no process is left."""
+    config, state_dict = _weights(qwen3_checkpoint)
+    hf_model = _hf_model(qwen3_checkpoint)
     engine_config = EngineConfig(block_size=BLOCK_SIZE, num_blocks=64, check_invariants=True)
     reference = ReferenceEngine(config, state_dict, engine_config, torch.float32, "cpu")
-    with FastEngine.from_pretrained(tiny_checkpoint, engine_config, "float32", "cpu", tensor_parallel_size=2) as fast:
+    fast = FastEngine.from_pretrained(qwen3_checkpoint, engine_config, "float32", "cpu", tensor_parallel_size=2)
+    with fast:
         pids = _worker_pids(fast)
         assert fast.tensor_parallel_info()["small_all_reduce"] == "gloo"
         fast_plans, reference_plans = record_plans(fast), record_plans(reference)
@@ -225,48 +274,67 @@ def test_two_ranks_match_reference_and_transformers_qwen3(tiny_checkpoint: Path,
         _assert_three_way(outputs, _run_staggered(reference, prompts[0], prompts[1:]), prompts, hf_model)
         assert [o.num_cached_prompt_tokens for o in outputs] == [0, 3 * BLOCK_SIZE, 3 * BLOCK_SIZE]
         assert fast_plans == reference_plans, "rank 0's scheduler decided differently from the reference"
+
+        os.kill(pids[0], signal.SIGKILL)
+        _assert_raises_that_rank_1_was_killed(lambda: fast.generate([MIXED_PROMPTS[2]], GREEDY))
     _assert_gone(pids)
-    with pytest.raises(TensorParallelError, match="shut down"):
-        fast.generate([MIXED_PROMPTS[0]], GREEDY)
+    fast.shutdown()  # idempotent after a failure (the block's exit has called it once more already)
 
 
-def test_two_ranks_with_async_scheduling_match_the_reference(tiny_checkpoint: Path) -> None:
+@pytest.mark.interpreter
+def test_two_ranks_with_async_scheduling_match_the_reference(qwen3_checkpoint: Path) -> None:
     """Steps loaded ahead on rank 0 (their decode tokens filled in on its device) reach rank 1 with the
-    rows to fill in, which it fills from the sampled tokens rank 0 shares: greedy and seeded sampling,
-    with logprobs (each step launched once the last one's tokens are read) and without (launched
-    before), and requests that join while a plan is made ahead, equal to the reference engine."""
-    config, state_dict = _weights(tiny_checkpoint)
+    rows to fill in, which it fills from the sampled tokens rank 0 shares: greedy and seeded sampling in
+    one batch (each prompt greedy in one run, seeded in the other), with logprobs (each step launched
+    once the last one's tokens are read) and without (launched before), and requests that join while a
+    plan is made ahead, equal to the reference engine. Then rank 1 dies while rank 0 has a step launched
+    ahead (its words sent, its sampled tokens still to share): the next step raises the clear error
+    within the bound, and no process is left."""
+    config, state_dict = _weights(qwen3_checkpoint)
     engine_config = EngineConfig(block_size=BLOCK_SIZE, num_blocks=64, check_invariants=True)
     reference = ReferenceEngine(config, state_dict, engine_config, torch.float32, "cpu")
     seeded = dataclasses.replace(GREEDY, temperature=0.9, seed=11)
+    alternating = [(GREEDY, seeded)[i % 2] for i in range(len(MIXED_PROMPTS))]
+    swapped = [(seeded, GREEDY)[i % 2] for i in range(len(MIXED_PROMPTS))]
     ahead = dataclasses.replace(engine_config, async_scheduling=True)
-    with FastEngine.from_pretrained(tiny_checkpoint, ahead, "float32", "cpu", tensor_parallel_size=2) as fast:
-        for params in (GREEDY, seeded):
-            outputs = fast.generate(MIXED_PROMPTS, params)
-            for parallel, expected in zip(outputs, reference.generate(MIXED_PROMPTS, params), strict=True):
-                comparison = compare_traces(trace_from_output(parallel), trace_from_output(expected), 1e-4)
-                assert comparison.agree, f"async 2 ranks vs reference ({params.temperature}): {comparison}"
-        assert fast.step_timings.prepared_ahead_steps >= MAX_NEW_TOKENS, "no step was launched from inputs loaded ahead"
+    with FastEngine.from_pretrained(qwen3_checkpoint, ahead, "float32", "cpu", tensor_parallel_size=2) as fast:
+        pids = _worker_pids(fast)
+        outputs = fast.generate(MIXED_PROMPTS, alternating)
+        expected = reference.generate(MIXED_PROMPTS, alternating)
+        for parallel, theirs, params in zip(outputs, expected, alternating, strict=True):
+            comparison = compare_traces(trace_from_output(parallel), trace_from_output(theirs), 1e-4)
+            assert comparison.agree, f"async 2 ranks vs reference ({params.temperature}): {comparison}"
+        decode_steps = MAX_NEW_TOKENS - 1
+        assert fast.step_timings.prepared_ahead_steps >= decode_steps, "no step was launched from inputs loaded ahead"
         assert fast.step_timings.launched_ahead_steps == 0, "a step with logprobs had its logits rewritten"
-        for params in (GREEDY, seeded):
-            tokens_only = dataclasses.replace(params, logprobs=0)
-            outputs = fast.generate(MIXED_PROMPTS, tokens_only)
-            expected = reference.generate(MIXED_PROMPTS, tokens_only)
-            assert [o.token_ids for o in outputs] == [o.token_ids for o in expected], params.temperature
-        assert fast.step_timings.launched_ahead_steps >= MAX_NEW_TOKENS, "no step was launched ahead"
+
+        tokens_only = [dataclasses.replace(params, logprobs=0) for params in swapped]
+        outputs = fast.generate(MIXED_PROMPTS, tokens_only)
+        expected = reference.generate(MIXED_PROMPTS, tokens_only)
+        assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+        assert fast.step_timings.launched_ahead_steps >= decode_steps, "no step was launched ahead"
+
         staggered = _run_staggered(fast, PREFIX_PROMPTS[0], PREFIX_PROMPTS[1:])
         for parallel, expected in zip(
             staggered, _run_staggered(reference, PREFIX_PROMPTS[0], PREFIX_PROMPTS[1:]), strict=True
         ):
             assert parallel.token_ids == expected.token_ids
 
+        fast.add_request(MIXED_PROMPTS[1], tokens_only[0])
+        fast.step()
+        fast.step()
+        assert fast._in_flight is not None, "no step was launched ahead"
+        os.kill(pids[0], signal.SIGKILL)
+        _assert_raises_that_rank_1_was_killed(lambda: _run_to_the_end(fast))
+    _assert_gone(pids)
 
+
+@pytest.mark.interpreter
 def test_two_ranks_chunked_prefill_and_preemption_llama_with_one_kv_head(llama_checkpoint: Path) -> None:
-    """State dict in memory (handed to the spawned rank); a budget of 10 tokens and a pool of 7 blocks."""
-    from transformers import AutoModelForCausalLM
-
+    """State dict in memory (handed to the worker process as shared memory); a budget of 10 tokens and a
+    pool of 7 blocks. Shutdown ends every rank, and the engine refuses to step afterwards."""
     config, state_dict = _weights(llama_checkpoint)
-    hf = AutoModelForCausalLM.from_pretrained(str(llama_checkpoint), dtype=torch.float32).eval()
+    hf = _hf_model(llama_checkpoint)
     engine_config = EngineConfig(block_size=BLOCK_SIZE, num_blocks=7, max_num_batched_tokens=10, check_invariants=True)
     reference = ReferenceEngine(config, state_dict, engine_config, torch.float32, "cpu")
     prompts = MIXED_PROMPTS[1:]
@@ -279,86 +347,95 @@ def test_two_ranks_chunked_prefill_and_preemption_llama_with_one_kv_head(llama_c
     assert fast_plans == reference_plans
     assert any(not c.samples and c.num_tokens > 1 for plan in fast_plans for c in plan.chunks), "nothing was chunked"
     assert any(plan.preempted for plan in fast_plans), "the pool never ran short"
+    with pytest.raises(TensorParallelError, match="shut down"):
+        fast.generate([MIXED_PROMPTS[0]], GREEDY)
 
 
 # ----------------------------------------------------------------------------- faults
 
 
-def test_a_size_that_does_not_divide_the_heads_fails_before_any_process_starts(tiny_weights) -> None:
+def _no_worker_may_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    def start(rank: int, payload: bytes) -> None:
+        pytest.fail(f"a worker process was started for rank {rank}")
+
+    monkeypatch.setattr(tp_launch.WorkerProcess, "start", start)
+
+
+def test_a_size_that_does_not_divide_the_heads_fails_before_any_process_starts(
+    tiny_weights, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config, state_dict = tiny_weights
+    _no_worker_may_start(monkeypatch)
     with pytest.raises(ConfigError, match="tensor_parallel_size 3 does not divide the model's 4 attention heads"):
-        FastEngine(config, state_dict, EngineConfig(num_blocks=8), torch.float32, "cpu", tensor_parallel_size=3)
-    assert not multiprocessing.active_children()
+        FastEngine(config, state_dict, EngineConfig(num_blocks=8), torch.float32, FAST_DEVICE, tensor_parallel_size=3)
 
 
-def test_a_killed_worker_makes_rank_0_raise_and_nothing_is_left(tiny_weights) -> None:
+class WeightsOfTheMainProgram(dict):
+    """A state dict whose class, as if defined in a script or a notebook, only the main module holds."""
+
+
+def test_weights_a_fresh_process_could_not_import_are_refused_before_any_process_starts(
+    tiny_weights, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker process imports the modules that its spec's pickle names, never the main program: rank 0
+    says so, and what to do instead, rather than leaving the worker to fail."""
     config, state_dict = tiny_weights
-    fast = FastEngine(config, state_dict, EngineConfig(block_size=BLOCK_SIZE, num_blocks=16), torch.float32, "cpu", 2)
-    pids = _worker_pids(fast)
-    fast.generate([MIXED_PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
-    os.kill(pids[0], signal.SIGKILL)
-    started = time.monotonic()
-    with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
-        fast.generate([MIXED_PROMPTS[2]], GREEDY)
-    assert time.monotonic() - started < 30
-    _assert_gone(pids)
-    fast.shutdown()  # idempotent after a failure
+    monkeypatch.setattr(WeightsOfTheMainProgram, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "WeightsOfTheMainProgram", WeightsOfTheMainProgram, raising=False)
+    _no_worker_may_start(monkeypatch)
+    spec = WorkerSpec(
+        config, StateDictWeights(WeightsOfTheMainProgram(state_dict)), EngineConfig(tensor_parallel_size=2),
+        torch.float32, "cpu", "tcp://127.0.0.1:1", 1,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"cannot import 'WeightsOfTheMainProgram'.*plain dict of tensors"):
+        tp_launch.WorkerProcesses(spec)
 
 
-def test_a_worker_killed_while_a_step_is_launched_ahead_makes_rank_0_raise(tiny_weights) -> None:
-    """Async scheduling: rank 1 dies while rank 0 has a step launched ahead (its words sent, its sampled
-    tokens still to share): the next step raises the clear error within the bound, and nothing is left."""
-    config, state_dict = tiny_weights
-    settings = EngineConfig(block_size=BLOCK_SIZE, num_blocks=16, async_scheduling=True)
-    fast = FastEngine(config, state_dict, settings, torch.float32, "cpu", 2)
-    pids = _worker_pids(fast)
-    fast.add_request(MIXED_PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-    fast.step()
-    fast.step()
-    assert fast._in_flight is not None, "no step was launched ahead"
-    os.kill(pids[0], signal.SIGKILL)
-    started = time.monotonic()
-    with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
-        while fast.has_unfinished:
-            fast.step()
-    assert time.monotonic() - started < 30
-    _assert_gone(pids)
-    fast.shutdown()
-
-
-class ExplodingStateDict(dict):
-    """A state dict that works in the process that built it and raises in any other (a worker)."""
-
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)
-        self.home_pid = os.getpid()
-
-    def get(self, name: str, default: object = None) -> object:
-        if os.getpid() != self.home_pid:
-            raise RuntimeError("planted failure while reading weights on a worker")
-        return super().get(name, default)
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_exploding, (dict(self), self.home_pid))
-
-
-def _rebuild_exploding(items: dict[str, torch.Tensor], home_pid: int) -> ExplodingStateDict:
-    rebuilt = ExplodingStateDict(items)
-    rebuilt.home_pid = home_pid
-    return rebuilt
-
-
+@pytest.mark.interpreter
 def test_a_worker_that_raises_makes_rank_0_raise_with_its_error_and_nothing_is_left(tiny_weights) -> None:
+    """Start-up: rank 1 fails while packing its shard (rank 0 meanwhile waits in a start-up collective)."""
     config, state_dict = tiny_weights
     weights = StateDictWeights(ExplodingStateDict(state_dict))
     started = time.monotonic()
-    with pytest.raises(TensorParallelError, match=r"(?s)rank 1 \(pid \d+\) failed:.*planted failure while reading"):
+    with pytest.raises(
+        TensorParallelError, match=r"(?s)rank 1 \(pid \d+\) failed:.*planted failure while reading"
+    ) as raised:
         FastEngine(config, weights, EngineConfig(num_blocks=8), torch.float32, "cpu", tensor_parallel_size=2)
     assert time.monotonic() - started < 60
-    assert not multiprocessing.active_children()
+    _assert_gone([int(pid) for pid in re.findall(r"\(pid (\d+)\)", str(raised.value))])
 
 
-# ----------------------------------------------------------------------------- torchrun
+# ----------------------------------------------------------------------------- programs of their own
+
+# Programs run as subprocesses on the CPU (gloo, Triton's interpreter), also where a GPU is visible: they
+# prove how the ranks start and end; the tests above prove the numerics.
+SCRIPT_TIMEOUT_S = 300
+SCRIPT_PROMPTS = MIXED_PROMPTS[:2]
+SCRIPT_MAX_TOKENS = 2  # a prefill step and a decode step
+
+
+@pytest.fixture(scope="module")
+def script_tokens(qwen3_checkpoint: Path) -> list[list[int]]:
+    """The reference engine's greedy tokens for SCRIPT_PROMPTS."""
+    config, state_dict = _weights(qwen3_checkpoint)
+    reference = ReferenceEngine(config, state_dict, EngineConfig(block_size=8, num_blocks=16), torch.float32, "cpu")
+    greedy = SamplingParams(temperature=0.0, max_tokens=SCRIPT_MAX_TOKENS, ignore_eos=True)
+    return [list(output.token_ids) for output in reference.generate(SCRIPT_PROMPTS, greedy)]
+
+
+def _start_on_the_cpu(
+    command: list[str], cwd: Path, environment: dict[str, str] | None = None, stdin: bool = False
+) -> subprocess.Popen:
+    """`command` with this checkout's code on the CPU; its output captured."""
+    cpu = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen(
+        command, env=os.environ | cpu | (environment or {}), cwd=cwd, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _printed(stdout: str, label: str) -> list[str]:
+    return [line.removeprefix(label + " ") for line in stdout.splitlines() if line.startswith(label + " ")]
 
 
 _TORCHRUN_SCRIPT = """
@@ -373,7 +450,8 @@ threads_before = threads()
 engine = FastEngine.from_pretrained(sys.argv[1], EngineConfig(block_size=8, num_blocks=16), "float32", "cpu",
                                     tensor_parallel_size=2)
 # Only rank 0 gets here: the other rank served inside the constructor and left with exit code 0.
-outputs = engine.generate(json.loads(sys.argv[2]), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+greedy = SamplingParams(temperature=0.0, max_tokens=int(sys.argv[3]), ignore_eos=True)
+outputs = engine.generate(json.loads(sys.argv[2]), greedy)
 engine.shutdown()
 print("TOKENS", json.dumps([list(output.token_ids) for output in outputs]))
 deadline = time.monotonic() + 10  # the teardown thread's OS thread may take a moment to be reaped
@@ -383,37 +461,78 @@ print("THREADS", threads_before, threads())
 """
 
 
-def test_ranks_from_the_environment_as_torchrun_sets_them(tiny_checkpoint: Path, make_engine) -> None:
-    prompts = MIXED_PROMPTS[1:3]
+def test_ranks_from_the_environment_as_torchrun_sets_them(qwen3_checkpoint: Path, script_tokens) -> None:
     port = _free_port()
     processes = []
     for rank in range(2):
-        environment = os.environ | {
+        torchrun = {
             "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT),
+            "MASTER_PORT": str(port),
         }  # fmt: skip
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-c", _TORCHRUN_SCRIPT, str(tiny_checkpoint), json.dumps(prompts)],
-                env=environment,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                cwd=REPO_ROOT,
-            )  # fmt: skip
-        )
-    results = [process.communicate(timeout=240) for process in processes]
+        arguments = [str(qwen3_checkpoint), json.dumps(SCRIPT_PROMPTS), str(SCRIPT_MAX_TOKENS)]
+        processes.append(_start_on_the_cpu([sys.executable, "-c", _TORCHRUN_SCRIPT, *arguments], REPO_ROOT, torchrun))
+    results = [process.communicate(timeout=SCRIPT_TIMEOUT_S) for process in processes]
     for rank, (process, (_, stderr)) in enumerate(zip(processes, results, strict=True)):
         assert process.returncode == 0, f"rank {rank}: {stderr[-3000:]}"
     # The engine, still referenced, keeps no gloo threads after shutdown: threads alive at
     # interpreter exit could end rank 0 in std::terminate (ProcessGroups.destroy says why).
-    threads = [line.split()[1:] for line in results[0][0].splitlines() if line.startswith("THREADS ")]
+    threads = [line.split() for line in _printed(results[0][0], "THREADS")]
     assert len(threads) == 1 and threads[0][0] == threads[0][1], threads
-    printed = [line for line in results[0][0].splitlines() if line.startswith("TOKENS ")]
+    printed = _printed(results[0][0], "TOKENS")
     assert len(printed) == 1 and "TOKENS" not in results[1][0]
-    reference = make_engine(block_size=8, num_blocks=16)
-    expected = reference.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    assert json.loads(printed[0].removeprefix("TOKENS ")) == [list(output.token_ids) for output in expected]
+    assert json.loads(printed[0]) == script_tokens
+
+
+# A user's program that builds a 2-rank engine, run as a main module that no worker could import. A
+# script on standard input (what multiprocessing's spawn could not start: it re-imported the main module
+# from "<stdin>") builds it through twinfer's LLM and shuts it down. `python -i -c` builds one in its code,
+# shuts it down, then one more in the interactive session that follows (a main module without a file, as
+# a notebook's kernel runs code), left to interpreter exit.
+_SETTINGS = [
+    "import json",
+    "from spec.engine_config import EngineConfig",
+    "from spec.sampling_params import SamplingParams",
+    "settings = EngineConfig(block_size=8, num_blocks=16, tensor_parallel_size=2)",
+    "greedy = SamplingParams(temperature=0.0, max_tokens={max_tokens}, ignore_eos=True)",
+]
+_BY_LLM = [
+    "from twinfer import LLM",
+    "llm = LLM({checkpoint!r}, engine='fast', dtype='float32', device='cpu', engine_config=settings)",
+    "outputs = llm.generate({prompts!r}, greedy)",
+    "print('PIDS', json.dumps(llm.engine.tensor_parallel.workers.pids))",
+]
+_BY_FAST_ENGINE = [
+    "from fast.engine import FastEngine",
+    "engine = FastEngine.from_pretrained({checkpoint!r}, settings, 'float32', 'cpu')",
+    "outputs = engine.generate({prompts!r}, greedy)",
+    "print('PIDS', json.dumps(engine.tensor_parallel.workers.pids))",
+]
+_PRINT_TOKENS = ["print('TOKENS', json.dumps([list(output.token_ids) for output in outputs]))"]
+
+
+def test_two_ranks_start_from_any_main(qwen3_checkpoint: Path, script_tokens, tmp_path: Path) -> None:
+    """Both programs at once, run from a directory of their own: each engine generates the reference's
+    tokens, and once a program has exited none of its worker processes is left."""
+    values = {"checkpoint": str(qwen3_checkpoint), "prompts": SCRIPT_PROMPTS, "max_tokens": SCRIPT_MAX_TOKENS}
+
+    def program(*parts: list[str]) -> str:
+        return "\n".join(line for part in parts for line in part).format(**values) + "\n"
+
+    script = program(_SETTINGS, _BY_LLM, _PRINT_TOKENS, ["llm.shutdown()"])
+    code = program(_SETTINGS, _BY_FAST_ENGINE, _PRINT_TOKENS, ["engine.shutdown()"])
+    session = program(_BY_FAST_ENGINE, _PRINT_TOKENS)
+    runs = {  # what runs it, what it reads on standard input, how many engines it builds
+        "a script on standard input": ([sys.executable, "-"], script, 1),
+        "python -c, then an interactive session": ([sys.executable, "-q", "-i", "-c", code], session, 2),
+    }
+    running = {kind: _start_on_the_cpu(command, tmp_path, stdin=True) for kind, (command, _, _) in runs.items()}
+    for kind, process in running.items():
+        _, stdin, engines = runs[kind]
+        stdout, stderr = process.communicate(stdin, timeout=SCRIPT_TIMEOUT_S)
+        assert process.returncode == 0 and "Traceback" not in stderr, f"{kind}: {stderr[-3000:]}"
+        tokens, pids = _printed(stdout, "TOKENS"), _printed(stdout, "PIDS")
+        assert [json.loads(line) for line in tokens] == [script_tokens] * engines, f"{kind}: {stdout[-2000:]}"
+        _assert_gone([pid for line in pids for pid in json.loads(line)])
 
 
 def _free_port() -> int:
