@@ -129,7 +129,9 @@ def test_fp32_async_scheduling_with_two_ranks_identical_to_step_by_step(small_ch
     no_logprobs = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     seeded = SamplingParams(temperature=0.8, max_tokens=32, ignore_eos=True, seed=5)
     cases = (GREEDY_32, no_logprobs, seeded)
-    with two_ranks(small_checkpoint, torch.float32) as step_by_step:
+    with two_ranks(
+        small_checkpoint, torch.float32, async_scheduling=False, programmatic_dependent_launch=False
+    ) as step_by_step:
         expected = [step_by_step.generate(CASE_PROMPTS, params) for params in cases]
     with two_ranks(small_checkpoint, torch.float32, async_scheduling=True, programmatic_dependent_launch=True) as ahead:
         outputs = [ahead.generate(CASE_PROMPTS, params) for params in cases]
