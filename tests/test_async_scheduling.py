@@ -115,6 +115,35 @@ def test_chunked_prefill_and_preemption_give_the_same_plans_and_outputs(tiny_wei
     assert engine.step_timings.prepared_ahead_steps == len(plans) - 1
 
 
+def test_prompt_scoring_steps_planned_ahead_beside_pending_decode_rows(tiny_weights) -> None:
+    """Async scheduling beside prompt scoring: two requests run at once, and each waiting request asking
+    prompt_logprobs is admitted in a plan made ahead, when a running one finishes by length, into a step
+    whose other rows decode with tokens still pending on the host. Such a step has more logit rows than
+    sequences; it is not loaded ahead (fast.engine._prepare_ahead), and the step after it is. Tokens,
+    logprobs, prompt logprobs and plans equal the step-by-step engine's."""
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26], [30, 31, 32]]
+    params = [
+        greedy(max_tokens=7),
+        greedy(max_tokens=2, logprobs=0),
+        greedy(max_tokens=3, prompt_logprobs=2),
+        greedy(max_tokens=2, prompt_logprobs=1, logprobs=0),
+    ]
+    runs = {}
+    for ahead in (False, True):
+        engine = fast_engine(tiny_weights, ahead, max_num_seqs=2)
+        plans = recorded(engine)
+        runs[ahead] = (plans, engine.generate(prompts, params), engine)
+    (plans, outputs, _), (ahead_plans, ahead_outputs, engine) = runs[False], runs[True]
+    assert [o.prompt_logprobs is not None for o in outputs] == [False, False, True, True]
+    assert ahead_plans == plans
+    assert ahead_outputs == outputs
+    late = {outputs[2].request_id, outputs[3].request_id}
+    scoring = [i for i, plan in enumerate(plans) if any(c.request_id in late and c.start == 0 for c in plan.chunks)]
+    assert len(scoring) == 2 and all(len(plans[i].chunks) == 2 for i in scoring), "each beside a decode row"
+    assert engine.step_timings.ahead_steps == len(plans)  # every plan was made ahead, the scoring ones too
+    assert 0 < engine.step_timings.prepared_ahead_steps <= len(plans) - 1 - len(scoring)
+
+
 def test_a_pending_token_is_resolved_once() -> None:
     request = Request("r", (1, 2), SamplingParams(max_tokens=3), seed=0, arrival_index=0)
     request.admit(0)
