@@ -1,7 +1,7 @@
 """Hypothesis profiles for the fuzzers, and the statistics each run writes.
 
-Profiles: `ci` (default) is derandomised and sized to run the whole fuzz directory in a few
-minutes on a 2-core machine; `deep` (`pytest fuzz --hypothesis-profile=deep`) runs thousands of
+Profiles: `ci` (default) is derandomised and sized for the CI time budget (the whole fuzz
+directory in about a minute of CPU); `deep` (`pytest fuzz --hypothesis-profile=deep`) runs thousands of
 examples of up to 200 steps. The planted-bug tests and the engine fuzzer carry their own sizes.
 
 At session end the counters in fuzz/stats.py are written as JSON to the path in the

@@ -19,6 +19,8 @@ from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
 
 import hypothesis.strategies as st
 from hypothesis import reject
+from hypothesis.control import current_build_context
+from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine
 
 from fuzz import stats
@@ -120,7 +122,9 @@ class CountedMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         type(self).last_run_steps = self.steps_run
-        if self.healthy:  # else a check already failed: report that failure alone
+        # Not after a failed check (report that failure alone), nor when hypothesis cut the run
+        # short (it ran out of choices: the run is discarded, and a failure could not be recorded).
+        if self.healthy and not _run_cut_short():
             with self.failures_screened():
                 self.check_at_teardown()
 
@@ -134,6 +138,15 @@ class CountedMachine(RuleBasedStateMachine):
                 stats.bump(self.stats_label, "examples_failing_otherwise")
                 reject()
             raise
+
+
+def _run_cut_short() -> bool:
+    """Whether hypothesis has stopped drawing for this run (an overrun) and is unwinding it."""
+    try:
+        context = current_build_context()
+    except InvalidArgument:  # not run by hypothesis
+        return False
+    return bool(getattr(getattr(context, "data", None), "frozen", False))
 
 
 def ignore(*_: Any) -> None:
