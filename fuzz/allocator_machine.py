@@ -21,8 +21,15 @@ from fuzz import stats
 from fuzz.implementations import AllocatorImplementation, AllocatorUnderTest
 from fuzz.pool_model import PoolModel
 from fuzz.properties import MODEL_AGREEMENT, check_agrees_with_model, check_implementations_agree, violated
-from fuzz.strategies import BLOCK_SIZES, CountedMachine, checked_step, draw_tokens, prefix_stems
-from fuzz.workload import PROMPT_ALPHABET
+from fuzz.strategies import (
+    BLOCK_SIZES,
+    CountedMachine,
+    checked_step,
+    draw_fresh_tokens,
+    draw_tokens,
+    pick,
+    prefix_stems,
+)
 from spec.invariants import InvariantMonitor
 
 # check_allocator's three invariants plus the monitor's hashed-block-immutable.
@@ -39,6 +46,73 @@ class LiveRequest:
         return len(self.tokens) - self.computed
 
 
+@dataclass(frozen=True)
+class Pool:
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool
+    stems: tuple[tuple[int, ...], ...]  # prompts start with pieces of these
+
+
+@dataclass(frozen=True)
+class Admission:
+    tokens: tuple[int, ...]
+    first_chunk: int  # tokens computed at admission, beyond the prefix hit
+
+
+@dataclass(frozen=True)
+class Computation:
+    request_id: str
+    appended: tuple[int, ...]  # sampled tokens appended first (maybe none)
+    chunk: int  # tokens then computed
+
+
+# Rule arguments, drawn from the machine's state (st.runner() is the machine).
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> Pool:
+    block_size = draw(st.sampled_from(BLOCK_SIZES))
+    return Pool(
+        num_blocks=draw(st.integers(2, 16)),
+        block_size=block_size,
+        enable_prefix_caching=not draw(st.booleans()),  # shrinks to caching on
+        stems=tuple(map(tuple, draw(prefix_stems(4 * block_size)))),
+    )
+
+
+@st.composite
+def prompts(draw: st.DrawFn) -> tuple[int, ...]:
+    machine: AllocatorMachine = draw(st.runner())
+    return tuple(draw_tokens(draw, machine.stems, machine.max_prompt_tokens))
+
+
+@st.composite
+def admissions(draw: st.DrawFn) -> Admission:
+    """A prompt and its first chunk: 1 to all of its tokens past the prefix hit. The hit is the
+    model's; the rule checks that every implementation's hit is the same before using the chunk."""
+    machine: AllocatorMachine = draw(st.runner())
+    tokens = tuple(draw_tokens(draw, machine.stems, machine.max_prompt_tokens))
+    cached_tokens = len(machine.model.cached_prefix(tokens)) * machine.block_size
+    return Admission(tokens, draw(st.integers(1, len(tokens) - cached_tokens)))
+
+
+@st.composite
+def live_requests(draw: st.DrawFn) -> str:
+    machine: AllocatorMachine = draw(st.runner())
+    return pick(draw, sorted(machine.live))
+
+
+@st.composite
+def computations(draw: st.DrawFn) -> Computation:
+    """Sampled tokens to append (at least one when all are computed), then 1 to all uncomputed tokens."""
+    machine: AllocatorMachine = draw(st.runner())
+    request_id = pick(draw, sorted(machine.live))
+    uncomputed = machine.live[request_id].uncomputed
+    appended = draw_fresh_tokens(draw, 0 if uncomputed else 1, machine.block_size + 1)
+    return Computation(request_id, tuple(appended), draw(st.integers(1, uncomputed + len(appended))))
+
+
 class AllocatorMachine(CountedMachine):
     implementations: ClassVar[tuple[AllocatorImplementation, ...]]
 
@@ -49,36 +123,31 @@ class AllocatorMachine(CountedMachine):
 
     # -- set-up ------------------------------------------------------------------------------
 
-    @initialize(
-        num_blocks=st.integers(2, 16),
-        block_size=st.sampled_from(BLOCK_SIZES),
-        enable_prefix_caching=st.booleans().map(lambda disabled: not disabled),  # shrinks to caching on
-        data=st.data(),
-    )
+    @initialize(pool=pools())
     @checked_step
-    def build_pool(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, data: st.DataObject) -> None:
+    def build_pool(self, pool: Pool) -> None:
         self.allocators: list[AllocatorUnderTest] = [
-            implementation.build(num_blocks, block_size, enable_prefix_caching)
+            implementation.build(pool.num_blocks, pool.block_size, pool.enable_prefix_caching)
             for implementation in self.implementations
         ]
         self.monitors = [InvariantMonitor() for _ in self.allocators]
-        self.block_size = block_size
+        self.block_size = pool.block_size
         # Longest prompt tried: a block more than the pool holds, so some never fit.
-        self.max_prompt_tokens = (num_blocks + 1) * block_size
-        self.stems = data.draw(prefix_stems(4 * block_size), label="stems")
+        self.max_prompt_tokens = (pool.num_blocks + 1) * pool.block_size
+        self.stems = pool.stems
         initial = self._call_all("snapshot()", lambda allocator: allocator.snapshot())
-        self.model = PoolModel.from_free_queue(block_size, initial.free_block_ids, enable_prefix_caching)
+        self.model = PoolModel.from_free_queue(pool.block_size, initial.free_block_ids, pool.enable_prefix_caching)
 
     # -- rules -------------------------------------------------------------------------------
 
-    @rule(data=st.data())
+    @rule(admission=admissions())
     @checked_step
-    def start_request(self, data: st.DataObject) -> None:
+    def start_request(self, admission: Admission) -> None:
         """Admit a prompt as the scheduler does: look up the prefix hit, check, hold it, grow, compute."""
-        tokens = draw_tokens(data, self.stems, self.max_prompt_tokens)
+        tokens = list(admission.tokens)
         hit = self._prefix_hit(tokens)
         cached_tokens = len(hit) * self.block_size
-        chunk = data.draw(st.integers(1, len(tokens) - cached_tokens), label="first chunk")
+        chunk = admission.first_chunk
         call = f"can_admit({cached_tokens + chunk}, {hit})"
         admissible = self._call_all(call, lambda allocator: allocator.can_admit(cached_tokens + chunk, hit))
         expected = self.model.can_admit(cached_tokens + chunk, hit)
@@ -101,20 +170,13 @@ class AllocatorMachine(CountedMachine):
         stats.bump(self.stats_label, "prefix_hit_blocks", len(hit))
 
     @precondition(lambda self: bool(self.live))
-    @rule(data=st.data())
+    @rule(computation=computations())
     @checked_step
-    def compute_tokens(self, data: st.DataObject) -> None:
+    def compute_tokens(self, computation: Computation) -> None:
         """Append sampled tokens (maybe none) and compute the next chunk, crossing block boundaries."""
-        request_id = data.draw(st.sampled_from(sorted(self.live)), label="request")
+        request_id, chunk = computation.request_id, computation.chunk
         request = self.live[request_id]
-        appended = data.draw(
-            st.lists(
-                st.sampled_from(PROMPT_ALPHABET), min_size=0 if request.uncomputed else 1, max_size=self.block_size + 1
-            ),
-            label="sampled tokens",
-        )
-        request.tokens.extend(appended)
-        chunk = data.draw(st.integers(1, request.uncomputed), label="chunk")
+        request.tokens.extend(computation.appended)
         call = f"allocate_slots({request_id!r}, {request.computed + chunk})"
         grown = self._call_all(call, lambda allocator: allocator.allocate_slots(request_id, request.computed + chunk))
         expected = self.model.grow(request_id, request.computed + chunk)
@@ -126,23 +188,21 @@ class AllocatorMachine(CountedMachine):
             stats.bump(self.stats_label, "growths_refused")  # where the scheduler would preempt
 
     @precondition(lambda self: bool(self.live))
-    @rule(data=st.data())
+    @rule(request_id=live_requests())
     @checked_step
-    def free_request(self, data: st.DataObject) -> None:
+    def free_request(self, request_id: str) -> None:
         """A request finishes or is preempted: its blocks go back, hashed ones stay cached."""
-        request_id = data.draw(st.sampled_from(sorted(self.live)), label="request")
         self._free(request_id)
 
-    @rule(data=st.data())
+    @rule(tokens=prompts())
     @checked_step
-    def probe_prefix(self, data: st.DataObject) -> None:
+    def probe_prefix(self, tokens: tuple[int, ...]) -> None:
         """Ask which prefix of a sequence is cached, without admitting it."""
-        self._prefix_hit(draw_tokens(data, self.stems, self.max_prompt_tokens))
+        self._prefix_hit(list(tokens))
 
-    def teardown(self) -> None:
-        super().teardown()
-        if not self.healthy or not hasattr(self, "allocators"):
-            return  # a check already failed (or nothing was built): report that failure alone
+    def check_at_teardown(self) -> None:
+        if not hasattr(self, "allocators"):
+            return  # nothing was built
         for request_id in sorted(self.live):
             self._free(request_id)
             self._check_state()

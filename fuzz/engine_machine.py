@@ -168,10 +168,9 @@ class EngineMachine(CountedMachine):
             raise violated(CONSERVATION, f"aborted {request_id!r} is still queued")
         stats.bump(self.stats_label, "aborts")
 
-    def teardown(self) -> None:
-        super().teardown()
-        if not self.healthy or not hasattr(self, "engine"):
-            return  # a check already failed (or nothing was built): report that failure alone
+    def check_at_teardown(self) -> None:
+        if not hasattr(self, "engine"):
+            return  # nothing was built
         bound = sum(len(self.submitted[r].prompt) + self.submitted[r].params.max_tokens + 2 for r in self.active) + 1
         steps = 0
         while self.engine.has_unfinished:

@@ -32,7 +32,7 @@ from fuzz.properties import (
     check_implementations_agree,
     violated,
 )
-from fuzz.strategies import CountedMachine, checked_step, draw_tokens, prefix_stems
+from fuzz.strategies import CountedMachine, checked_step, draw_tokens, pick, prefix_stems
 from fuzz.workload import (
     EOS_TOKEN_IDS,
     GENERATED_ALPHABET,
@@ -70,6 +70,68 @@ def engine_configs(draw: st.DrawFn) -> EngineConfig:
     )
 
 
+@dataclass(frozen=True)
+class EngineSetup:
+    config: EngineConfig
+    stems: tuple[tuple[int, ...], ...]  # prompts start with pieces of these
+
+
+@dataclass(frozen=True)
+class RequestDraft:
+    """A request as drawn; the rule numbers it (a strategy must not change the machine)."""
+
+    prompt: tuple[int, ...]
+    max_tokens: int
+    ignore_eos: bool
+    stop_token_ids: tuple[int, ...]
+    eos_at_output_index: int | None
+
+    def script(self, request_id: str) -> RequestScript:
+        return RequestScript(
+            request_id=request_id,
+            prompt=self.prompt,
+            max_tokens=self.max_tokens,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=self.stop_token_ids,
+            eos_at_output_index=self.eos_at_output_index,
+        )
+
+
+# Rule arguments, drawn from the machine's state (st.runner() is the machine).
+
+
+ENGINE_CONFIGS = engine_configs()
+
+
+@st.composite
+def engine_setups(draw: st.DrawFn) -> EngineSetup:
+    config = draw(ENGINE_CONFIGS)
+    return EngineSetup(config, tuple(map(tuple, draw(prefix_stems(4 * config.block_size)))))
+
+
+@st.composite
+def request_drafts(draw: st.DrawFn) -> RequestDraft:
+    """Prompts up to the pool's size (some too long for max_model_len: rejected), output limits,
+    stop ids and where the fake model emits EOS; the alternatives shrink to none."""
+    machine: SchedulerMachine = draw(st.runner())
+    block_size = machine.config.block_size
+    longest_prompt = min(machine.config.model_len - 1, machine.config.num_blocks * block_size) or 1
+    max_tokens = draw(st.integers(1, max(4, 2 * block_size)))
+    return RequestDraft(
+        prompt=tuple(draw_tokens(draw, machine.stems, longest_prompt)),
+        max_tokens=max_tokens,
+        ignore_eos=draw(st.booleans()),
+        stop_token_ids=(pick(draw, GENERATED_ALPHABET),) if draw(st.booleans()) else (),
+        eos_at_output_index=draw(st.integers(0, max_tokens - 1)) if draw(st.booleans()) else None,
+    )
+
+
+@st.composite
+def active_requests(draw: st.DrawFn) -> str:
+    machine: SchedulerMachine = draw(st.runner())
+    return pick(draw, machine.active)
+
+
 @dataclass
 class Twin:
     """One scheduler implementation under test, with the requests it was handed."""
@@ -96,22 +158,23 @@ class SchedulerMachine(CountedMachine):
 
     # -- set-up ------------------------------------------------------------------------------
 
-    @initialize(config=engine_configs(), data=st.data())
+    @initialize(setup=engine_setups())
     @checked_step
-    def build_engines(self, config: EngineConfig, data: st.DataObject) -> None:
-        self.config = config
-        self.stems = data.draw(prefix_stems(4 * config.block_size), label="stems")
+    def build_engines(self, setup: EngineSetup) -> None:
+        config = self.config = setup.config
+        self.stems = setup.stems
         self.twins = [Twin(impl, impl.build(config, EOS_TOKEN_IDS)) for impl in self.implementations]
         self.oracle = OracleScheduler(config, EOS_TOKEN_IDS) if self.twin_check else None
 
     # -- rules -------------------------------------------------------------------------------
 
-    @rule(count=st.integers(1, 3), data=st.data())
+    @rule(drafts=st.lists(request_drafts(), min_size=1, max_size=3))
     @checked_step
-    def add_requests(self, count: int, data: st.DataObject) -> None:
+    def add_requests(self, drafts: list[RequestDraft]) -> None:
         """Add a few requests at once: several arriving together is what builds pool pressure."""
-        for _ in range(count):
-            self._add_request(self._draw_script(data))
+        for draft in drafts:
+            self.scripts_drawn += 1
+            self._add_request(draft.script(f"r{self.scripts_drawn}"))
 
     @rule(times=st.integers(1, 4))
     @checked_step
@@ -120,10 +183,9 @@ class SchedulerMachine(CountedMachine):
             self._step_all()
 
     @precondition(lambda self: bool(self.active))
-    @rule(data=st.data())
+    @rule(request_id=active_requests())
     @checked_step
-    def abort(self, data: st.DataObject) -> None:
-        request_id = data.draw(st.sampled_from(self.active), label="request to abort")
+    def abort(self, request_id: str) -> None:
         after_abort: list[SchedulerSnapshot] = []
         for twin in self.twins:
             request = twin.requests[request_id]
@@ -134,7 +196,7 @@ class SchedulerMachine(CountedMachine):
         self.active.remove(request_id)
         if self.oracle is not None:
             self.oracle.abort(request_id)
-            self._compare_queues_with_oracle()
+            self._compare_queues_with_oracle(after_abort)
         stats.bump(self.stats_label, "aborts")
 
     @rule()
@@ -142,9 +204,8 @@ class SchedulerMachine(CountedMachine):
     def drain(self) -> None:
         self._drain()
 
-    def teardown(self) -> None:
-        super().teardown()
-        if self.healthy and hasattr(self, "twins"):
+    def check_at_teardown(self) -> None:
+        if hasattr(self, "twins"):
             self._drain()  # every run ends idle: liveness and the idle checks apply to all of them
 
     # -- stepping ----------------------------------------------------------------------------
@@ -173,7 +234,7 @@ class SchedulerMachine(CountedMachine):
             if request_id in self.active:
                 self.active.remove(request_id)
         if self.oracle is not None:
-            self._step_oracle_and_compare(plans, finished_by_twin)
+            self._step_oracle_and_compare(plans, finished_by_twin, after_update)
         return plans
 
     def _drain(self) -> None:
@@ -280,7 +341,9 @@ class SchedulerMachine(CountedMachine):
             held = sorted(set(range(allocator.num_blocks)) - set(allocator.free_block_ids))
             raise violated(IDLE_POOL_FREE, f"{twin.implementation.name} is idle but blocks {held} are not free")
 
-    def _step_oracle_and_compare(self, plans: list[StepPlan], finished_by_twin: list[list[str]]) -> None:
+    def _step_oracle_and_compare(
+        self, plans: list[StepPlan], finished_by_twin: list[list[str]], snapshots: list[SchedulerSnapshot]
+    ) -> None:
         assert self.oracle is not None
         expected_plan = self.oracle.schedule()
         expected_finished = self.oracle.update(
@@ -297,13 +360,13 @@ class SchedulerMachine(CountedMachine):
                     TWIN_DECISIONS,
                     f"{twin.implementation.name} finished {finished}; the spec's policy finishes {expected_finished}",
                 )
-        self._compare_queues_with_oracle()
+        self._compare_queues_with_oracle(snapshots)
 
-    def _compare_queues_with_oracle(self) -> None:
+    def _compare_queues_with_oracle(self, snapshots: list[SchedulerSnapshot]) -> None:
+        """Each twin's queues (in `snapshots`, its latest) are the oracle's."""
         assert self.oracle is not None
         expected = (tuple(r.request_id for r in self.oracle.waiting), tuple(r.request_id for r in self.oracle.running))
-        for twin in self.twins:
-            snapshot = twin.scheduler.snapshot()
+        for twin, snapshot in zip(self.twins, snapshots, strict=True):
             if (snapshot.waiting, snapshot.running) != expected:
                 raise violated(
                     TWIN_DECISIONS,
@@ -329,22 +392,6 @@ class SchedulerMachine(CountedMachine):
         if self.oracle is not None:
             self.oracle.add(script)
         stats.bump(self.stats_label, "requests_added")
-
-    def _draw_script(self, data: st.DataObject) -> RequestScript:
-        self.scripts_drawn += 1
-        block_size = self.config.block_size
-        longest_prompt = min(self.config.model_len - 1, self.config.num_blocks * block_size) or 1
-        max_tokens = data.draw(st.integers(1, max(4, 2 * block_size)), label="max_tokens")
-        return RequestScript(
-            request_id=f"r{self.scripts_drawn}",
-            prompt=tuple(draw_tokens(data, self.stems, longest_prompt)),
-            max_tokens=max_tokens,
-            ignore_eos=data.draw(st.booleans(), label="ignore_eos"),
-            stop_token_ids=data.draw(
-                st.one_of(st.just(()), st.tuples(st.sampled_from(GENERATED_ALPHABET))), label="stop"
-            ),
-            eos_at_output_index=data.draw(st.one_of(st.none(), st.integers(0, max_tokens - 1)), label="eos at"),
-        )
 
     def _count_plan(self, plan: StepPlan, snapshot: SchedulerSnapshot) -> None:
         stats.bump(self.stats_label, "scheduler_steps")

@@ -22,3 +22,9 @@ def counters(label: str) -> dict[str, int]:
 
 def all_counters() -> dict[str, dict[str, int]]:
     return {label: dict(sorted(values.items())) for label, values in sorted(_COUNTERS.items())}
+
+
+def merge(machines: dict[str, dict[str, int]]) -> None:
+    """Add counters taken elsewhere (an xdist worker's `all_counters()`) to these."""
+    for label, values in machines.items():
+        _COUNTERS[label].update(values)

@@ -261,12 +261,16 @@ class InvariantMonitor:
     _finished: set[str] = field(default_factory=set)
 
     def observe(self, snapshot: SchedulerSnapshot) -> None:
-        check_scheduler(snapshot)
-        self.observe_allocator(snapshot.allocator)
+        check_scheduler(snapshot)  # the allocator's invariants included: they are not checked twice
+        self._observe_hashed_content(snapshot.allocator)
         self._admitted.update(snapshot.running)
 
     def observe_allocator(self, snapshot: AllocatorSnapshot) -> None:
         check_allocator(snapshot)
+        self._observe_hashed_content(snapshot)
+
+    def _observe_hashed_content(self, snapshot: AllocatorSnapshot) -> None:
+        """hashed-block-immutable against the previous snapshot; the current one is kept for the next."""
         current: dict[int, tuple[int, tuple[int, ...] | None]] = {}
         for block in snapshot.blocks:
             if block.block_hash is None:

@@ -1,0 +1,70 @@
+"""The session's fuzz statistics are the sum over every test that ran, with pytest-xdist (each
+worker counts its own tests; the controller sums them and alone writes the file) and without."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuzz.stats_report import REPO_ROOT, STATS_PATH_VARIABLE
+
+# Four tests, each counting its own power of ten, so a lost or doubled worker shows in the sums.
+COUNTING_TESTS = """
+import pytest
+
+from fuzz import stats
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_counts(index):
+    stats.bump("machine", "steps", 10**index)
+    stats.bump("machine", "examples")
+    stats.bump(f"only-in-test-{index}", "steps", index + 1)
+    stats.bump("planted/bug", "steps", 5)
+"""
+EXPECTED_MACHINES = {
+    "machine": {"examples": 4, "steps": 1111},
+    **{f"only-in-test-{index}": {"steps": index + 1} for index in range(4)},
+    "planted/bug": {"steps": 20},
+}
+
+
+def run_counting_session(directory: Path, *options: str) -> dict:
+    """A pytest session over COUNTING_TESTS with the fuzz statistics hooks; the record it wrote."""
+    (directory / "conftest.py").write_text(
+        "from fuzz.stats_report import pytest_sessionfinish, pytest_sessionstart, pytest_testnodedown  # noqa: F401\n"
+    )
+    (directory / "test_counting.py").write_text(COUNTING_TESTS)
+    destination = directory / "stats.json"
+    # Only the plugins named: a worker then starts in about a second.
+    environment = os.environ | {
+        "PYTHONPATH": str(REPO_ROOT),
+        STATS_PATH_VARIABLE: str(destination),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(directory), *options],
+        cwd=directory,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(destination.read_text())
+
+
+@pytest.mark.parametrize("options", [("-p", "xdist", "-n", "2"), ()], ids=["xdist-2-workers", "serial"])
+def test_statistics_are_summed_over_every_test(options: tuple[str, ...], tmp_path: Path) -> None:
+    record = run_counting_session(tmp_path, *options)
+    assert record["machines"] == EXPECTED_MACHINES
+    # Totals leave the planted-bug runs out.
+    assert record["totals"]["steps"] == 1111 + 1 + 2 + 3 + 4
+    assert record["totals"]["examples"] == 4
+    assert record["test_outcomes"] == {"passed": 4}
+    assert record["result"] == "passed"
