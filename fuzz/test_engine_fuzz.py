@@ -19,7 +19,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from fuzz import planted_bugs, stats
 from fuzz.engine_machine import SOLO_AGREEMENT, EngineMachine, SoloRuns, TinyModel, WorkloadLimits
 from fuzz.strategies import ignore
-from reports.tiny_model import write_tiny_model
+from twinfer.models.tiny_model import write_tiny_model
 from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig
 from spec.errors import InvariantViolation

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from reference.engine import ReferenceEngine
-from reports.tiny_model import write_tiny_model
+from twinfer.models.tiny_model import write_tiny_model
 from spec.engine_config import EngineConfig
 
 

@@ -57,7 +57,7 @@ def test_optional_commands_appear_only_when_their_module_offers_them(monkeypatch
         (
             ("absent", "reports.no_such_module", "a module that does not exist"),
             ("absent-package", "no_such_package.cli", "a package that does not exist"),
-            ("unfinished", "reports.tiny_model", "a module without configure_parser and run"),
+            ("unfinished", "twinfer.models.tiny_model", "a module without configure_parser and run"),
             ("kernels-again", "reports.kernel_bench", "a module that offers both"),
         ),
     )

@@ -17,7 +17,7 @@ import torch
 
 from fast.engine import FastEngine
 from reports.differential import hf_greedy_trace, trace_from_output
-from reports.tiny_model import TinyModelShape, write_tiny_model
+from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
 from spec.agreement import Trace, compare_traces
 from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig

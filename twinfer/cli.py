@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 from reports import bench, kernel_bench
-from reports.tiny_model import TINY_ARCHITECTURES
+from twinfer.models.tiny_model import TINY_ARCHITECTURES
 from spec.errors import TwinferError
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
@@ -32,7 +32,7 @@ DIFF_TOKEN_PROMPTS = ((7,), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 
 # Subcommands whose code lives in modules that may not be present: (name, module, help).
 # Each module provides configure_parser(parser) and run(args) -> int.
 OPTIONAL_COMMANDS = (
-    ("train-tiny", "reports.train_tiny", "train a tiny model so differential runs see peaked distributions"),
+    ("train-tiny", "twinfer.models.train_tiny", "train a tiny model so differential runs see peaked distributions"),
     ("report", "reports.report", "build the HTML report of committed measurements"),
     ("serve", "twinfer.server.cli", "serve an OpenAI-compatible HTTP API"),
     ("memory-check", "reports.memory_check", "KV pool share of GPU memory, and repeated runs checked for leaks"),
@@ -251,7 +251,7 @@ def _output_record(output: RequestOutput) -> dict[str, object]:
 
 
 def _run_tiny_model(args: argparse.Namespace) -> int:
-    from reports.tiny_model import write_tiny_model
+    from twinfer.models.tiny_model import write_tiny_model
 
     path = write_tiny_model(args.directory, seed=args.seed, architecture=args.architecture)
     print(f"wrote tiny {args.architecture} checkpoint (seed {args.seed}) to {path}")

@@ -1,6 +1,6 @@
 """Train `stdlib-tiny`: a small Qwen3 model on the Python standard library's own source files.
 
-Run as `python -m reports.train_tiny OUT_DIR` (or `twinfer train-tiny OUT_DIR`). About a minute on
+Run as `python -m twinfer.models.train_tiny OUT_DIR` (or `twinfer train-tiny OUT_DIR`). About a minute on
 one H200 with the defaults (25 s of it training); `--max-steps 3 --max-files 20 --batch-size 2
 --seq-len 64` runs on a CPU in seconds.
 
@@ -428,7 +428,7 @@ def save_checkpoint(model: torch.nn.Module, tokenizer, out_dir: Path) -> None:
 
 def canonical_command(args: argparse.Namespace) -> str:
     """The command that reproduces this run, every setting spelled out."""
-    parts = ["python -m reports.train_tiny", str(args.out_dir)]
+    parts = ["python -m twinfer.models.train_tiny", str(args.out_dir)]
     for name, value in sorted(vars(args).items()):
         if name in ("out_dir", "handler", "command", "verbose") or value is None or callable(value):
             continue
@@ -447,8 +447,8 @@ def write_model_card(out_dir: Path, facts: dict) -> None:
         "",
         "A small Qwen3 model (grouped-query attention, tied embeddings) trained on the Python standard",
         "library's own source files, so that twinfer's default model makes confident, stable predictions",
-        "and prints Python-looking text. Made by `reports/train_tiny.py`; its acceptance figures are made",
-        "by `reports/eval_tiny.py` (see `reports/results/trained_tiny/`).",
+        "and prints Python-looking text. Made by `twinfer/models/train_tiny.py`; its acceptance figures are made",
+        "by `twinfer/models/eval_tiny.py` (see `reports/results/trained_tiny/`).",
         "",
         "## Training command",
         "",
@@ -683,7 +683,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="python -m reports.train_tiny", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m twinfer.models.train_tiny", description=__doc__.split("\n\n")[0])
     configure_parser(parser)
     return run(parser.parse_args(argv))
 

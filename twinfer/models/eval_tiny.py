@@ -1,8 +1,8 @@
 """Acceptance figures of a `stdlib-tiny` checkpoint, measured with twinfer's reference engine.
 
-    python -m reports.eval_tiny CHECKPOINT --json OUT.json [--device cuda]
+    python -m twinfer.models.eval_tiny CHECKPOINT --json OUT.json [--device cuda]
 
-On the held-out files of the corpus (the same path-hash split as `reports.train_tiny`, read on
+On the held-out files of the corpus (the same path-hash split as `twinfer.models.train_tiny`, read on
 this machine), teacher-forced in fp32 and in bf16:
   * held-out loss (mean next-token cross-entropy, nats);
   * in fp32, the fraction of positions where the two largest log-probabilities are more than
@@ -34,7 +34,7 @@ import torch
 
 from reference.engine import ReferenceEngine
 from reference.model import ForwardBatch, SequenceSlice
-from reports.train_tiny import END_OF_TEXT, evenly_spaced_windows, load_corpus
+from twinfer.models.train_tiny import END_OF_TEXT, evenly_spaced_windows, load_corpus
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
 
@@ -337,7 +337,7 @@ SIGNATURE = re.compile(r"def \w+\([^()]*\):")
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="python -m reports.eval_tiny", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m twinfer.models.eval_tiny", description=__doc__.split("\n\n")[0])
     configure_parser(parser)
     return run(parser.parse_args(argv))
 
