@@ -55,11 +55,11 @@ from fast.engine import FastEngine
 from fast.input_batch import InputBatch, SequenceInput
 from fast.model_runner import PreparedStep, device_settings
 from fast.sampler import Sampler
-from reports.bench import json_saver
-from reports.bench_device import REPOSITORY_ROOT, git_commit, git_has_uncommitted_changes
-from reports.bench_runners import PhaseRun, run_on_engine, warm_up_engine
-from reports.bench_workloads import Phase, build_workload
-from reports.model_shapes import SHAPES
+from reports.bench.device import REPOSITORY_ROOT, git_commit, git_has_uncommitted_changes
+from reports.bench.harness import json_saver
+from reports.bench.runners import PhaseRun, run_on_engine, warm_up_engine
+from reports.bench.shapes import SHAPES
+from reports.bench.workloads import Phase, build_workload
 from spec.engine_config import EngineConfig
 from spec.model_config import ModelConfig
 from spec.request import PENDING_TOKEN, RequestOutput

@@ -45,11 +45,11 @@ from typing import Protocol
 
 import torch
 
-from reports.bench import build_random_engine, json_saver
-from reports.bench_device import environment
-from reports.bench_runners import PhaseRun, run_on_engine, warm_up_engine
-from reports.bench_workloads import Phase, Workload, build_workload
-from reports.model_shapes import SHAPES, ModelShape
+from reports.bench.device import environment
+from reports.bench.harness import build_random_engine, json_saver
+from reports.bench.runners import PhaseRun, run_on_engine, warm_up_engine
+from reports.bench.shapes import SHAPES, ModelShape
+from reports.bench.workloads import Phase, Workload, build_workload
 from spec.checkpoint import parse_dtype
 from spec.engine import Engine
 from spec.engine_config import EngineConfig

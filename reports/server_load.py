@@ -366,7 +366,7 @@ def clients_in_subprocesses(
 
 @dataclass(frozen=True)
 class LoadSettings:
-    model: str  # a shape name from reports.model_shapes.SHAPES, or a checkpoint
+    model: str  # a shape name from reports.bench.shapes.SHAPES, or a checkpoint
     engine: str
     dtype: object  # torch.dtype
     device: object  # torch.device
@@ -383,7 +383,7 @@ class LoadSettings:
 
 def build_engine(settings: LoadSettings, engine_config):
     """A fresh engine: random weights of a named shape, or a checkpoint."""
-    from reports.model_shapes import SHAPES, random_state_dict
+    from reports.bench.shapes import SHAPES, random_state_dict
     from twinfer.registry import build_engine as build_from_checkpoint
     from twinfer.registry import engine_class
 
@@ -398,7 +398,7 @@ def build_engine(settings: LoadSettings, engine_config):
 
 def build_warm_engine(settings: LoadSettings, engine_config):
     """A fresh engine after one warm-up request; module-level so that a child process can run it."""
-    from reports.bench_runners import warm_up_engine
+    from reports.bench.runners import warm_up_engine
 
     engine = build_engine(settings, engine_config)
     warm_up_engine(engine)
@@ -407,7 +407,7 @@ def build_warm_engine(settings: LoadSettings, engine_config):
 
 def serving_app(settings: LoadSettings, engine_config, mode: str):
     """The server, its engine on a thread of this process or (mode "process") in a child process."""
-    from reports.model_shapes import SHAPES
+    from reports.bench.shapes import SHAPES
     from twinfer.server.app import create_app
     from twinfer.server.detokenize import IdOnlyCodec
     from twinfer.server.engine_loop import EngineLoop
@@ -423,7 +423,7 @@ def serving_app(settings: LoadSettings, engine_config, mode: str):
 def engine_config_for(settings: LoadSettings, requests: Sequence[LoadRequest]):
     """The settings given, and nothing else where the engine sizes itself (the fast engine on CUDA);
     elsewhere what was not given is sized so that all clients run at once (batch limit and pool)."""
-    from reports.bench_runners import WARMUP_MAX_TOKENS, WARMUP_PROMPT
+    from reports.bench.runners import WARMUP_MAX_TOKENS, WARMUP_PROMPT
     from spec.engine_config import DEFAULT_NUM_BLOCKS, SMALL_BATCHES, EngineConfig
     from twinfer.registry import engine_entry
 
@@ -557,7 +557,7 @@ def _metric(text: str, name: str) -> float | None:
 
 
 def run_load(settings: LoadSettings) -> dict[str, object]:
-    from reports.bench_device import environment
+    from reports.bench.device import environment
 
     results = []
     for num_clients in settings.clients:
@@ -612,7 +612,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     from twinfer.registry import ENGINE_NAMES
 
     parser.add_argument(
-        "--model", default="qwen3-0.6b", help="a shape of reports.model_shapes (random weights) or a checkpoint"
+        "--model", default="qwen3-0.6b", help="a shape of reports.bench.shapes (random weights) or a checkpoint"
     )
     parser.add_argument(
         "--engine", default=None, choices=ENGINE_NAMES, help="default: fast on CUDA, reference elsewhere"

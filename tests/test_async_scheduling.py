@@ -16,7 +16,7 @@ import pytest
 
 from fast.engine import FastEngine
 from reports import host_overhead
-from reports.bench_workloads import build_workload
+from reports.bench.workloads import build_workload
 from spec.engine_config import EngineConfig
 from spec.request import PENDING_TOKEN, FinishLimits, LifecycleError, Request, RequestOutput
 from spec.sampling_params import SamplingParams

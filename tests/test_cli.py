@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reports.bench import WORKLOAD_SUMMARIES
+from reports.bench.harness import WORKLOAD_SUMMARIES
 from tests.engines import FAST_DEVICE
 from twinfer import cli
 from twinfer.cli import DIFF_TEXT_PROMPTS, DIFF_TOKEN_PROMPTS, build_parser, main
@@ -58,7 +58,7 @@ def test_optional_commands_appear_only_when_their_module_offers_them(monkeypatch
             ("absent", "reports.no_such_module", "a module that does not exist"),
             ("absent-package", "no_such_package.cli", "a package that does not exist"),
             ("unfinished", "twinfer.models.tiny_model", "a module without configure_parser and run"),
-            ("kernels-again", "reports.kernel_bench", "a module that offers both"),
+            ("kernels-again", "reports.bench.kernels.kernel_bench", "a module that offers both"),
         ),
     )
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices

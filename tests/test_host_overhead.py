@@ -9,7 +9,7 @@ import torch
 
 from fast.engine import FastEngine
 from reports import host_overhead
-from reports.bench_workloads import build_workload
+from reports.bench.workloads import build_workload
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
 

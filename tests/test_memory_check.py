@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from reports.bench.shapes import SHAPES
 from reports.memory_check import (
     OFFLINE_256_ENGINE_SETTINGS,
     CudaMemoryProbe,
@@ -27,7 +28,6 @@ from reports.memory_check import (
     summary_text,
     within_limit,
 )
-from reports.model_shapes import SHAPES
 from spec.engine_config import DEFAULT_NUM_BLOCKS, EngineConfig
 from twinfer.registry import triton_interpreter_enabled
 

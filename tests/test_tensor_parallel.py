@@ -36,7 +36,6 @@ from fast.sharded_loading import CheckpointWeights, StateDictWeights, open_check
 from fast.weights import ShardLayout, check_tensor_parallel_size, pack_weights
 from reference.engine import ReferenceEngine
 from reports.differential import hf_greedy_trace, trace_from_output
-from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
 from spec.agreement import compare_traces
 from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig
@@ -44,6 +43,7 @@ from spec.errors import CheckpointError, ConfigError
 from spec.model_config import ModelConfig
 from spec.sampling_params import SamplingParams
 from tests.engines import record_plans
+from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
 
 pytestmark = pytest.mark.differential
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from twinfer.models import eval_tiny, train_tiny
 from spec.checkpoint import load_model_config, load_state_dict
+from twinfer.models import eval_tiny, train_tiny
 
 COMMITTED = Path(__file__).resolve().parents[1] / "twinfer" / "models" / "stdlib-tiny"
 

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from reports import bench, kernel_bench
-from twinfer.models.tiny_model import TINY_ARCHITECTURES
+from reports.bench import command as bench_command
 from spec.errors import TwinferError
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
 from twinfer.engine_options import add_engine_arguments, engine_config_from_args
+from twinfer.models.tiny_model import TINY_ARCHITECTURES
 from twinfer.registry import ENGINE_NAMES, ENGINES
 
 DIFF_TEXT_PROMPTS = (
@@ -131,14 +131,8 @@ def _add_diff_command(commands: argparse._SubParsersAction) -> None:
 
 def _add_bench_command(commands: argparse._SubParsersAction) -> None:
     bench_parser = commands.add_parser("bench", help="benchmarks: the standard workloads, or the Triton kernels")
-    workloads = bench_parser.add_subparsers(dest="bench_command", required=True)
-    kernels = workloads.add_parser("kernels", help="time each Triton kernel beside torch's implementation (GPU)")
-    kernel_bench.configure_parser(kernels)
-    kernels.set_defaults(handler=kernel_bench.run)
-    for name, summary in bench.WORKLOAD_SUMMARIES.items():
-        workload = workloads.add_parser(name, help=summary, description=summary)
-        bench.configure_parser(workload)
-        workload.set_defaults(handler=bench.run, workload=name)
+    bench_command.configure_parser(bench_parser)
+    bench_parser.set_defaults(handler=bench_command.run)
 
 
 def _optional_module(module_name: str) -> ModuleType | None:

@@ -33,7 +33,7 @@ def assemble_report(
     speed: SpeedSection,
     device: torch.device,
 ) -> Report:
-    from reports import bench_device
+    from reports.bench import device as bench_device
 
     return Report(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -52,7 +52,7 @@ def assemble_report(
 
 def environment(device: torch.device) -> dict[str, str]:
     """Versions, host and device as text (the commit and the command are kept beside it)."""
-    from reports import bench_device
+    from reports.bench import device as bench_device
 
     record = bench_device.environment(device, commit=None)
     shown = {

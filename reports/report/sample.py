@@ -221,7 +221,7 @@ def _kernels() -> KernelSection:
 SAMPLE_GPU = "<i>sample GPU</i>"
 SAMPLE_BENCH_COMMIT = "feedc0ffee0123456789abcdef0123456789abcd"
 TUNED = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "async_scheduling": True}
-# (label, requests, prompt tokens, output tokens) of each workload's phases, as reports.bench_workloads has them.
+# (label, requests, prompt tokens, output tokens) of each workload's phases, as reports.bench.workloads has them.
 SAMPLE_PHASES = {
     "offline-256": (("offline", 256, 142827, 133966),),
     "decode-bs1": (("decode", 1, 128, 256),),
@@ -238,7 +238,7 @@ def bench_record(
     commit: str = SAMPLE_BENCH_COMMIT,
     identical_with_prefix_caching: bool | None = None,
 ) -> dict[str, object]:
-    """A `twinfer bench` record in the format reports.bench writes, holding the fields the report reads.
+    """A `twinfer bench` record in the format reports.bench.harness writes, holding the fields the report reads.
     `figures`: per engine ("fast", "hf"), per phase label, (output tokens/s, time per output token in s);
     the floors are derived from them with a fixed ceiling, so the page has fractions to show."""
     settings = settings or {}

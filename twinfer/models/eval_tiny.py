@@ -34,9 +34,9 @@ import torch
 
 from reference.engine import ReferenceEngine
 from reference.model import ForwardBatch, SequenceSlice
-from twinfer.models.train_tiny import END_OF_TEXT, evenly_spaced_windows, load_corpus
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
+from twinfer.models.train_tiny import END_OF_TEXT, evenly_spaced_windows, load_corpus
 
 logger = logging.getLogger(__name__)
 

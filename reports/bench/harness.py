@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from reports.bench_device import environment, measure_ceilings
-from reports.bench_profile import profile_run
-from reports.bench_runners import (
+from reports.bench.device import environment, measure_ceilings
+from reports.bench.profile import profile_run
+from reports.bench.runners import (
     ContinuousBatchingSettings,
     PhaseRun,
     run_hf_continuous_batching,
@@ -34,7 +34,8 @@ from reports.bench_runners import (
     warm_up_engine,
     warm_up_hf_generate,
 )
-from reports.bench_workloads import (
+from reports.bench.shapes import SHAPES, ModelShape, build_hf_model, random_state_dict
+from reports.bench.workloads import (
     GENERATE,
     WARMUP_MAX_TOKENS,
     WARMUP_PROMPT,
@@ -43,7 +44,6 @@ from reports.bench_workloads import (
     Workload,
     build_workload,
 )
-from reports.model_shapes import SHAPES, ModelShape, build_hf_model, random_state_dict
 from spec.checkpoint import parse_dtype
 from spec.engine import Engine
 from spec.engine_config import DEFAULT_NUM_BLOCKS, SMALL_BATCHES, EngineConfig
@@ -62,7 +62,7 @@ WORKLOAD_SUMMARIES = {
     "long-context": "8 requests with 16,384-token prompts, 256 tokens each: prefill tokens/s and TPOT",
 }
 if set(WORKLOAD_SUMMARIES) != set(WORKLOADS):  # a workload added to one table but not the other
-    raise ImportError("reports.bench.WORKLOAD_SUMMARIES must name exactly the workloads of reports.bench_workloads")
+    raise ImportError("WORKLOAD_SUMMARIES must name exactly the workloads of reports.bench.workloads")
 # transformers' continuous batching sizes its cache from free GPU memory; on the CPU (harness
 # tests) it is given a size, generous for any page size it uses.
 CPU_CONTINUOUS_BATCHING_MAX_BATCH_TOKENS = 256

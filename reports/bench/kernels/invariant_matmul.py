@@ -1,11 +1,12 @@
 """Batch-invariant matmul (fast/kernels/matmul.py) tile configurations: bitwise invariance and speed
 beside cuBLAS, at the Qwen3 projection shapes, on one CUDA GPU.
 
-    python -m reports.invariant_matmul_bench --json reports/results/kernels/invariant_matmul_bench.json
-    python -m reports.invariant_matmul_bench --json out.json --shapes qwen3-0.6b,qwen3-8b --configs default,previous
+    python -m reports.bench.kernels.invariant_matmul --json reports/results/kernels/invariant_matmul_bench.json
+    python -m reports.bench.kernels.invariant_matmul --json out.json --shapes qwen3-0.6b,qwen3-8b \\
+        --configs default,previous
 
 Shapes (bf16, out = x [M, K] @ W [N, K]^T): per model the fused qkv, o_proj, the fused gate_up, down
-and the LM head, from reports.model_shapes (Qwen3-0.6B: 4096x1024, 1024x2048, 6144x1024, 1024x3072,
+and the LM head, from reports.bench.shapes (Qwen3-0.6B: 4096x1024, 1024x2048, 6144x1024, 1024x3072,
 151936x1024). Configurations: CANDIDATES below; `default` is matmul_tiles' choice per shape (and
 invariant_linear's automatic choice of launch path), `previous` the tiles of the kernel before the
 64-row tiles (16-row tiles, no program groups); `fused` forces the fused path at every M, `split`
@@ -53,9 +54,9 @@ from pathlib import Path
 
 import torch
 
-from reports.gemv_bench import time_in_graph as graph_time_in_graph
-from reports.model_shapes import SHAPES as MODEL_SHAPES
-from reports.model_shapes import ModelShape
+from reports.bench.graph_timing import time_in_graph as graph_time_in_graph
+from reports.bench.shapes import SHAPES as MODEL_SHAPES
+from reports.bench.shapes import ModelShape
 
 DTYPE = torch.bfloat16
 CHECK_ROWS = 8192
@@ -181,7 +182,7 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def time_in_graph(call: Callable[[int], object], calls: int) -> list[float]:
-    """Microseconds per call, from calls captured in one CUDA graph (reports.gemv_bench.time_in_graph),
+    """Microseconds per call, from calls captured in one CUDA graph (reports.bench.graph_timing.time_in_graph),
     with this benchmark's shorter replay counts."""
     return graph_time_in_graph(call, calls, WARMUP_REPLAYS, TIMED_REPLAYS)
 
@@ -401,9 +402,9 @@ def _cell(m: int, ratio: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
-        print("python -m reports.invariant_matmul_bench: needs a CUDA GPU (none found)", file=sys.stderr)
+        print("python -m reports.bench.kernels.invariant_matmul: needs a CUDA GPU (none found)", file=sys.stderr)
         return 2
-    from reports.bench_device import environment
+    from reports.bench.device import environment
 
     started = time.perf_counter()
     device = torch.device("cuda")
@@ -468,6 +469,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    main_parser = argparse.ArgumentParser(prog="python -m reports.invariant_matmul_bench", description=__doc__)
+    main_parser = argparse.ArgumentParser(prog="python -m reports.bench.kernels.invariant_matmul", description=__doc__)
     configure_parser(main_parser)
     sys.exit(run(main_parser.parse_args()))

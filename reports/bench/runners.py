@@ -4,7 +4,7 @@ step), with transformers' `generate`, or with transformers' continuous batching.
 Every runner submits all of the phase's requests at once and returns a `PhaseRun`: when each
 output token reached the host (seconds since submission), what was generated, and, for twinfer
 engines, the host wall time of each step and the engine's own split of it (`step_timings`) when
-the engine keeps one. Nothing here computes figures; reports.bench does.
+the engine keeps one. Nothing here computes figures; reports.bench.harness does.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from reports.bench_workloads import WARMUP_MAX_TOKENS, WARMUP_PROMPT, Phase
+from reports.bench.workloads import WARMUP_MAX_TOKENS, WARMUP_PROMPT, Phase
 from spec.engine import Engine
 from spec.sampling_params import SamplingParams
 

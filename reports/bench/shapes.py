@@ -22,7 +22,7 @@ from spec.model_config import ModelConfig
 # Standard deviation of the random matrices (transformers' Qwen3 initializer_range): keeps
 # activations in range in bf16, so no NaN reaches the sampler.
 WEIGHT_STD = 0.02
-# The workloads' prompt ids lie in [0, 10000) (reports.bench_workloads); the tiny shape covers them.
+# The workloads' prompt ids lie in [0, 10000) (reports.bench.workloads); the tiny shape covers them.
 WORKLOAD_VOCABULARY = 10240
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from reports.bench_runners import PhaseRun
+from reports.bench.runners import PhaseRun
 
 # How many kernel names the summary lists, by total device time.
 TOP_KERNELS = 30

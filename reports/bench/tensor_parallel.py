@@ -1,11 +1,11 @@
 """Tensor-parallel figures in one run: the fast engine on 1 and on 2 ranks, and its all-reduce paths.
 
-    python -m reports.tp_bench --json reports/results/tensor_parallel/tp_bench.json      # 2 GPUs
+    python -m reports.bench.tensor_parallel --json reports/results/tensor_parallel/tp_bench.json      # 2 GPUs
 
 On the qwen3-8b shape in bf16 (random weights, written once as a safetensors checkpoint so that each
 rank reads only its slices, as a real checkpoint is read):
 
-* decode-bs1 (reports.bench_workloads): time per output token with 1 and with 2 ranks, and their
+* decode-bs1 (reports.bench.workloads): time per output token with 1 and with 2 ranks, and their
   ratio (the issue's target: 2 ranks at most 0.7 x 1 rank);
 * offline-256: output tokens/s with 1 and with 2 ranks, side by side;
 * the all-reduce time of one decode step for both paths, NCCL and the symmetric-memory one-shot:
@@ -36,12 +36,12 @@ from pathlib import Path
 
 import torch
 
-from reports.bench_device import environment
-from reports.bench_profile import profile_run
-from reports.bench_runners import run_on_engine, warm_up_engine
-from reports.bench_workloads import Phase, decode_bs1, offline_256
-from reports.graph_timing import median_replay_us
-from reports.model_shapes import SHAPES, ModelShape, random_state_dict
+from reports.bench.device import environment
+from reports.bench.graph_timing import median_replay_us
+from reports.bench.profile import profile_run
+from reports.bench.runners import run_on_engine, warm_up_engine
+from reports.bench.shapes import SHAPES, ModelShape, random_state_dict
+from reports.bench.workloads import Phase, decode_bs1, offline_256
 from spec.checkpoint import DTYPES, SHARD_INDEX
 from spec.engine_config import EngineConfig
 
@@ -241,7 +241,7 @@ def run_engine(
     base: the engine settings besides the rank count (async scheduling, PDL); the batch limits are the
     engine's defaults for the device unless base gives them."""
     from fast.engine import FastEngine
-    from reports.bench import phase_metrics, run_record
+    from reports.bench.harness import phase_metrics, run_record
 
     engine_config = dataclasses.replace(base or EngineConfig(), tensor_parallel_size=ranks)
     result: dict[str, object] = {"ranks": ranks}

@@ -7,7 +7,7 @@ default), each call replayed from a CUDA graph of CALLS back-to-back calls (H200
 --sweep-grid also times each case at every grid_splits (programs along the split axis) of
 GRID_SWEEP, to choose decode_attention's default.
 
-    python -m reports.decode_splits_bench --json out.json [--sweep-grid]
+    python -m reports.bench.kernels.decode_splits --json out.json [--sweep-grid]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import torch
 
 from fast.kernels.decode_attention import decode_attention, decode_workspace
-from reports.graph_timing import median_replay_us
+from reports.bench.graph_timing import median_replay_us
 
 CALLS, REPLAYS = 20, 30
 GRID_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)

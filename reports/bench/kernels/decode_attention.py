@@ -7,9 +7,9 @@ CUDA GPU (qwen3-0.6b heads: 16 query heads, 8 KV heads, head_dim 128, bf16, bloc
 - the prefill kernel with packed GQA rows on the 16 x 64 tiles, unmasked before the diagonal, which
   larger decode steps take.
 
-    python -m reports.decode_attention_bench --json reports/results/bench/decode_attention_sweep.json
+    python -m reports.bench.kernels.decode_attention --json reports/results/bench/decode_attention_sweep.json
 
-Each call is timed in a CUDA graph of back-to-back calls (reports.gemv_bench.time_in_graph, medians of the
+Each call is timed in a CUDA graph of back-to-back calls (reports.bench.graph_timing.time_in_graph, medians of the
 replays); the two outputs are compared (max abs difference) so a fast wrong kernel shows. Needs CUDA;
 without it the command exits with status 2.
 """
@@ -24,9 +24,16 @@ import torch
 from fast.attention import INVARIANT_BLOCK_M, INVARIANT_BLOCK_N, PACKED_DECODE_MIN_SEQS, decode_split_size
 from fast.kernels.decode_attention import decode_attention, decode_workspace
 from fast.kernels.prefill_attention import prefill_attention
-from reports.bench_device import cuda_bench_record
-from reports.gemv_bench import time_in_graph
-from reports.invariant_attention_bench import BLOCK_SIZE, HEAD_DIM, NUM_Q_HEADS, cu_seqlens, paged_cache, queries
+from reports.bench.device import cuda_bench_record
+from reports.bench.graph_timing import time_in_graph
+from reports.bench.kernels.invariant_attention import (
+    BLOCK_SIZE,
+    HEAD_DIM,
+    NUM_Q_HEADS,
+    cu_seqlens,
+    paged_cache,
+    queries,
+)
 
 BATCHES = (1, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 CONTEXTS = (600, 2000)
@@ -89,7 +96,7 @@ def run() -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    result = cuda_bench_record("python -m reports.decode_attention_bench", __doc__, run, argv)
+    result = cuda_bench_record("python -m reports.bench.kernels.decode_attention", __doc__, run, argv)
     if result is None:
         return 2
     print(f"{'seqs':>5} {'context':>7} {'decode us':>10} {'packed us':>10} {'engine':>7} {'max diff':>9}")

@@ -3,13 +3,13 @@
 Every figure is measured in the same run as its ceiling: the device-to-device copy bandwidth
 (bytes read + written of a multi-GB copy) for the memory-bound kernels, and FLOP/s for
 prefill attention. Kernel times are medians of `triton.testing.do_bench` (CUDA events, L2
-flushed between repeats); the copy bandwidth comes from reports.bench_device, as in the
+flushed between repeats); the copy bandwidth comes from reports.bench.device, as in the
 workload benchmarks. Torch's baselines are torch's flash attention for the attention kernels
-and, for the elementwise ones, the kernel tests' references (reports.kernel_reference) run in
+and, for the elementwise ones, the kernel tests' references (reports.bench.kernels.kernel_reference) run in
 float32. The JSON written by --json holds every measurement, the tuning sweeps
 included, so NOTES.md can quote it.
 
-Runs as `python -m reports.kernel_bench --json out.json --commit <sha>` too.
+Runs as `python -m reports.bench.kernels.kernel_bench --json out.json --commit <sha>` too.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from reports.bench_device import git_commit, measure_copy_bandwidth
-from reports.kernel_reference import (
+from reports.bench.device import git_commit, measure_copy_bandwidth
+from reports.bench.kernels.kernel_reference import (
     PagedCache,
     build_cos_sin_cache,
     build_paged_cache,
@@ -308,7 +308,7 @@ def bench_prefill(rep_ms: int, tune: bool) -> list[Measurement]:
 
 # Torch's baseline for the fused elementwise kernels: the tests' references run in float32 and
 # cast back to the input dtype, in eager mode.
-EAGER_REFERENCE = "torch eager: reports.kernel_reference in float32, cast back"
+EAGER_REFERENCE = "torch eager: reports.bench.kernels.kernel_reference in float32, cast back"
 
 
 def _bandwidth_describer(
@@ -610,6 +610,6 @@ def run(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    main_parser = argparse.ArgumentParser(prog="python -m reports.kernel_bench", description=__doc__)
+    main_parser = argparse.ArgumentParser(prog="python -m reports.bench.kernels.kernel_bench", description=__doc__)
     configure_parser(main_parser)
     sys.exit(run(main_parser.parse_args()))

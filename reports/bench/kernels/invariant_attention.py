@@ -1,7 +1,7 @@
 """Batch-invariant mode's attention tiles against the default paths, on one CUDA GPU (qwen3-0.6b heads:
 16 query heads, 8 KV heads, head_dim 128, bf16, block size 16).
 
-    python -m reports.invariant_attention_bench --json reports/results/batch_invariant/attention_bench.json
+    python -m reports.bench.kernels.invariant_attention --json reports/results/batch_invariant/attention_bench.json
 
 Cases:
 - decode: SEQS sequences of one query each over CONTEXT keys (offline-256's decode steps are about
@@ -10,7 +10,7 @@ Cases:
   tile (always_mask, pack_gqa, block_m x block_n);
 - prefill: PREFILL_SEQS prompts of PREFILL_LEN tokens: the default prefill tiles, the unpacked
   invariant tiles and the packed candidates.
-Each call is timed in a CUDA graph of CALLS back-to-back calls (reports.gemv_bench.time_in_graph,
+Each call is timed in a CUDA graph of CALLS back-to-back calls (reports.bench.graph_timing.time_in_graph,
 medians of the replays). Invariance: for each packed candidate, the last query row of a
 sequence computed as a decode (q_len 1) and as the last row of chunks of 7 and 300 queries must be
 bitwise equal (torch.equal), which is what the engine's mode relies on.
@@ -29,8 +29,8 @@ import torch
 from fast.attention import INVARIANT_BLOCK_M, INVARIANT_BLOCK_N, decode_split_size
 from fast.kernels.decode_attention import decode_attention, decode_workspace
 from fast.kernels.prefill_attention import prefill_attention
-from reports.bench_device import cuda_bench_record
-from reports.gemv_bench import time_in_graph
+from reports.bench.device import cuda_bench_record
+from reports.bench.graph_timing import time_in_graph
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 SEQS, CONTEXT = 256, 600
@@ -183,7 +183,7 @@ def run() -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    result = cuda_bench_record("python -m reports.invariant_attention_bench", __doc__, run, argv)
+    result = cuda_bench_record("python -m reports.bench.kernels.invariant_attention", __doc__, run, argv)
     if result is None:
         return 2
     for timing in result["timings"]:

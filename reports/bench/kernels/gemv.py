@@ -1,6 +1,6 @@
 """Small-batch linear (fast/kernels/gemv.py) against cuBLAS at decode shapes, timed as in a decode graph.
 
-    python -m reports.gemv_bench --json reports/results/kernels/gemv_bench.json
+    python -m reports.bench.kernels.gemv --json reports/results/kernels/gemv_bench.json
 
 For each weight shape of Qwen3-0.6B, Qwen3-8B and one rank's share of Qwen3-8B under 2-way tensor
 parallelism (qkv, o_proj, gate_up, down) and M in 1, 2, 4, 8, 16 rows (--rows picks fewer), bf16:
@@ -16,7 +16,7 @@ replay timed with CUDA events, and the median replay time / calls is the time pe
 calls read different copies of the weight, enough copies that one replay touches >= 3 x the L2
 (as the 28+ layers of a decode step do), so each call reads its weight from HBM, not L2. GB/s is
 weight bytes / time per call (x and out are < 0.5% of the bytes). The device's copy bandwidth is
-measured first, as in every benchmark record (reports.bench_device).
+measured first, as in every benchmark record (reports.bench.device).
 
 Compilation dominates the run: the configurations are compiled first in parallel worker
 processes (--workers), which fill Triton's on-disk cache; the timing process then loads them.
@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from reports.bench.graph_timing import time_in_graph
+
 # (model, layer, N, K): out features, in features.
 SHAPES: list[tuple[str, str, int, int]] = [
     ("Qwen3-0.6B", "qkv", 4096, 1024),
@@ -60,8 +62,6 @@ ROWS = [1, 2, 4, 8, 16]
 DTYPE = torch.bfloat16
 MIN_CALLS_PER_GRAPH = 20
 L2_MULTIPLE = 3  # one replay reads at least this many L2s of distinct weight bytes
-WARMUP_REPLAYS = 3
-TIMED_REPLAYS = 10
 
 
 def sweep_configs(m: int, level: str, silu_mul: bool = False) -> list[dict]:
@@ -123,36 +123,7 @@ class Result:
     error: str | None = None
 
 
-# ----------------------------------------------------------------------------- timing
-
-
-def time_in_graph(
-    call: Callable[[int], object],
-    calls: int,
-    warmup_replays: int = WARMUP_REPLAYS,
-    timed_replays: int = TIMED_REPLAYS,
-) -> list[float]:
-    """Microseconds per call: `calls` calls (call(i) for i in range(calls)) captured in one CUDA
-    graph, replayed warmup_replays times, then timed_replays times each between two CUDA events."""
-    call(0)  # compile / load, and cuBLAS's workspace, outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            call(i)
-    for _ in range(warmup_replays):
-        graph.replay()
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(timed_replays)
-    ]
-    for start, end in events:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    samples = [start.elapsed_time(end) * 1e3 / calls for start, end in events]
-    del graph
-    return samples
+# ----------------------------------------------------------------------------- one weight shape
 
 
 class Problem:
@@ -374,10 +345,10 @@ def summarise(results: list[Result]) -> list[dict]:
 
 def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
-        print("python -m reports.gemv_bench: needs a CUDA GPU (none found)", file=sys.stderr)
+        print("python -m reports.bench.kernels.gemv: needs a CUDA GPU (none found)", file=sys.stderr)
         return 2
     from fast.kernels.gemv import gemv_config
-    from reports.bench_device import environment, measure_copy_bandwidth
+    from reports.bench.device import environment, measure_copy_bandwidth
 
     started = time.perf_counter()
     device = torch.device("cuda")
@@ -480,6 +451,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    main_parser = argparse.ArgumentParser(prog="python -m reports.gemv_bench", description=__doc__)
+    main_parser = argparse.ArgumentParser(prog="python -m reports.bench.kernels.gemv", description=__doc__)
     configure_parser(main_parser)
     sys.exit(run(main_parser.parse_args()))
