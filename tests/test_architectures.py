@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from reference.engine import ReferenceEngine
-from reports.differential import hf_greedy_trace, trace_from_output
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import compare_traces
 from spec.checkpoint import expected_weight_shapes, load_model_config
 from spec.engine_config import EngineConfig

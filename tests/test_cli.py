@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from reports.bench.harness import WORKLOAD_SUMMARIES
+from reports.diff.command import DIFF_TEXT_PROMPTS, DIFF_TOKEN_PROMPTS
 from tests.engines import FAST_DEVICE
 from twinfer import cli
-from twinfer.cli import DIFF_TEXT_PROMPTS, DIFF_TOKEN_PROMPTS, build_parser, main
+from twinfer.cli import build_parser, main
 
 HELP_COMMANDS = [
     [],

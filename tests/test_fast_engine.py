@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fast.engine import FastEngine
-from reports.differential import hf_greedy_trace, trace_from_output
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import Trace, compare_traces
 from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig

@@ -35,7 +35,7 @@ from fast.parallel import TensorParallelError
 from fast.sharded_loading import CheckpointWeights, StateDictWeights, open_checkpoint_slices
 from fast.weights import ShardLayout, check_tensor_parallel_size, pack_weights
 from reference.engine import ReferenceEngine
-from reports.differential import hf_greedy_trace, trace_from_output
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import compare_traces
 from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig

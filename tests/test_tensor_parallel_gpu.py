@@ -37,7 +37,7 @@ import torch
 from fast.engine import FastEngine
 from reports.bench.shapes import SHAPES, random_state_dict
 from reports.bench.tensor_parallel import WEIGHT_SEED, random_checkpoint
-from reports.differential import trace_from_output
+from reports.diff.differential import trace_from_output
 from spec.agreement import compare_traces
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams

@@ -12,22 +12,14 @@ from pathlib import Path
 from types import ModuleType
 
 from reports.bench import command as bench_command
+from reports.diff import command as diff_command
 from spec.errors import TwinferError
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
 from twinfer.engine_options import add_engine_arguments, engine_config_from_args
+from twinfer.model_options import add_model_arguments, model_path
 from twinfer.models.tiny_model import TINY_ARCHITECTURES
 from twinfer.registry import ENGINE_NAMES, ENGINES
-
-DIFF_TEXT_PROMPTS = (
-    "def ",
-    "import os\nimport sys\n\n\ndef main(argv):\n    ",
-    "class Queue:\n    def __init__(self, maxsize=0):\n        self.",
-    "The quick brown fox",
-    "A verified inference engine computes the same tokens as its reference, token by token. "
-    "Attention reads keys and values from a paged cache; blocks that hold a shared prefix are reused.",
-)
-DIFF_TOKEN_PROMPTS = ((7,), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17))
 
 # Subcommands whose code lives in modules that may not be present: (name, module, help).
 # Each module provides configure_parser(parser) and run(args) -> int.
@@ -74,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_generate_command(commands: argparse._SubParsersAction) -> None:
     generate = commands.add_parser("generate", help="generate text or token ids from a prompt")
-    _add_model_arguments(generate)
+    add_model_arguments(generate)
     generate.add_argument(
         "--engine",
         default=None,
@@ -106,27 +98,11 @@ def _add_tiny_model_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_diff_command(commands: argparse._SubParsersAction) -> None:
-    from reports.diff_run import DIFF_ENGINES
-
     diff = commands.add_parser(
         "diff", help="run a fixed prompt set through two or more engines and compare every pair token by token"
     )
-    _add_model_arguments(diff)
-    diff.add_argument(
-        "--engines",
-        default="reference,hf",
-        help=f"two or more engines, comma-separated, every pair compared; of {', '.join(DIFF_ENGINES)}, or an "
-        "OpenAI-compatible server as openai:http://HOST:PORT/v1 (checked free-running, and teacher-forced through "
-        "echo where the server supports it; give --dtype the server's dtype) (default reference,hf)",
-    )
-    diff.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
-    diff.add_argument("--top-k", type=int, default=5, help="top log-probabilities compared per token (default 5)")
-    diff.add_argument(
-        "--logprob-tolerance", type=float, default=1e-4, help="largest allowed logprob difference in fp32"
-    )
-    diff.add_argument("--json", type=Path, help="write the comparison record as JSON to this file")
-    add_engine_arguments(diff)
-    diff.set_defaults(handler=_run_diff)
+    diff_command.configure_parser(diff)
+    diff.set_defaults(handler=diff_command.run)
 
 
 def _add_bench_command(commands: argparse._SubParsersAction) -> None:
@@ -148,21 +124,6 @@ def _optional_module(module_name: str) -> ModuleType | None:
     return module if hasattr(module, "configure_parser") and hasattr(module, "run") else None
 
 
-def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="checkpoint directory or Hugging Face hub id (default: the built-in stdlib-tiny model)",
-    )
-    parser.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["auto", "float32", "float16", "bfloat16"],
-        help="weight and activation dtype (default float32)",
-    )
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-
-
 def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
@@ -182,14 +143,6 @@ def _parse_ids(text: str) -> list[int]:
         raise SystemExit(f"twinfer: error: token ids must be comma-separated integers: {text!r}") from error
 
 
-def _model_path(args: argparse.Namespace) -> str:
-    if args.model is not None:
-        return args.model
-    from twinfer.default_model import default_model
-
-    return str(default_model())
-
-
 def _run_generate(args: argparse.Namespace) -> int:
     from twinfer.llm import LLM
 
@@ -205,7 +158,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         logprobs=args.logprobs,
     )
     llm = LLM(
-        _model_path(args),
+        model_path(args),
         engine=args.engine,
         dtype=args.dtype,
         device=args.device,
@@ -250,51 +203,6 @@ def _run_tiny_model(args: argparse.Namespace) -> int:
     path = write_tiny_model(args.directory, seed=args.seed, architecture=args.architecture)
     print(f"wrote tiny {args.architecture} checkpoint (seed {args.seed}) to {path}")
     return 0
-
-
-def _run_diff(args: argparse.Namespace) -> int:
-    from reports.diff_run import check_diff_engines, run_diff
-
-    engines = [name.strip() for name in args.engines.split(",") if name.strip()]
-    check_diff_engines(engines)  # before anything loads
-    record = run_diff(
-        model=_model_path(args),
-        engines=engines,
-        dtype=args.dtype,
-        device=args.device,
-        max_new_tokens=args.max_new_tokens,
-        top_k=args.top_k,
-        logprob_tolerance=args.logprob_tolerance,
-        text_prompts=DIFF_TEXT_PROMPTS,
-        token_prompts=DIFF_TOKEN_PROMPTS,
-        engine_config=engine_config_from_args(args),
-    )
-    for comparison in record.comparisons:
-        print(f"{comparison.candidate} vs {comparison.baseline}:")
-        for entry in comparison.prompts:
-            status = "agree" if entry["agree"] else "DISAGREE"
-            divergence = entry["first_divergence"]
-            where = "identical" if divergence is None else f"first divergence at token {divergence}"
-            print(
-                f"  {status:9} prompt {entry['index']} ({entry['num_prompt_tokens']} tokens): {where}, "
-                f"max |dlogprob| {entry['max_logprob_error']:.2e}"
-            )
-    for endpoint, notes in record.endpoints.items():
-        for note in notes.get("notes", []):
-            print(f"{endpoint}: note: {note}")
-    for endpoint, check in record.teacher_forced.items():
-        if not check["supported"]:
-            print(f"{endpoint} teacher-forced: not run: {check['note']}")
-        else:
-            status = "agree" if check["all_agree"] else "DISAGREE"
-            print(f"{endpoint} teacher-forced on {check['baseline']}'s tokens: {status}")
-    pairs = ", ".join(f"{c.candidate} vs {c.baseline}" for c in record.comparisons)
-    num_prompts = len(DIFF_TEXT_PROMPTS) + len(DIFF_TOKEN_PROMPTS)
-    verdict = "full agreement" if record.all_agree else "DISAGREEMENT"
-    print(f"{verdict}: {num_prompts} prompts, {record.max_new_tokens} tokens each, {pairs}")
-    if args.json:
-        args.json.write_text(json.dumps(record.to_dict(), indent=2))
-    return 0 if record.all_agree else 1
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from reports.differential import DiffRecord, PairComparison, hf_greedy_trace, trace_from_output
-from reports.endpoint import endpoint_url, is_endpoint, run_greedy, teacher_forced_check
+from reports.diff.differential import DiffRecord, PairComparison, hf_greedy_trace, trace_from_output
+from reports.diff.endpoint import endpoint_url, is_endpoint, run_greedy, teacher_forced_check
 from spec.agreement import Trace, compare_traces
 from spec.checkpoint import load_model_config, parse_dtype, resolve_checkpoint
 from spec.engine_config import EngineConfig
