@@ -35,7 +35,7 @@ from fast.input_batch import InputBatch
 from fast.scheduler import Scheduler
 from fuzz import stats
 from fuzz.strategies import ignore
-from reports.host_overhead import SHAPES, HostOnlyFastEngine, StepDigest
+from reports.serving.host_overhead import SHAPES, HostOnlyFastEngine, StepDigest
 from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
 from spec.request import RequestOutput

@@ -1,4 +1,4 @@
-"""reports.memory_check: the pool-budget, overshoot and leak arithmetic on known figures, the
+"""reports.serving.memory_check: the pool-budget, overshoot and leak arithmetic on known figures, the
 free-memory sampler, and the whole loop on the CPU (tiny shape, scaled offline-256) with a fake
 memory probe, down to the record's fields. The real figures need CUDA (the `gpu` test)."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from reports.bench.shapes import SHAPES
-from reports.memory_check import (
+from reports.serving.memory_check import (
     OFFLINE_256_ENGINE_SETTINGS,
     CudaMemoryProbe,
     FreeMemorySampler,

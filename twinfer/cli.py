@@ -27,7 +27,11 @@ OPTIONAL_COMMANDS = (
     ("train-tiny", "twinfer.models.train_tiny", "train a tiny model so differential runs see peaked distributions"),
     ("report", "reports.report", "build the HTML report of committed measurements"),
     ("serve", "twinfer.server.cli", "serve an OpenAI-compatible HTTP API"),
-    ("memory-check", "reports.memory_check", "KV pool share of GPU memory, and repeated runs checked for leaks"),
+    (
+        "memory-check",
+        "reports.serving.memory_check",
+        "KV pool share of GPU memory, and repeated runs checked for leaks",
+    ),
 )
 
 

@@ -1,7 +1,7 @@
 """The memory target of the fast engine, measured: how much of its budget the KV pool gets, whether
 the process stays inside `gpu_memory_utilization`, and whether repeated offline-256 runs leak.
 
-    python -m reports.memory_check --shape qwen3-0.6b --dtype bfloat16 --runs 10 --json memory.json   # GPU
+    python -m reports.serving.memory_check --shape qwen3-0.6b --dtype bfloat16 --runs 10 --json memory.json   # GPU
 
 One process builds the engine once (random weights, like `twinfer bench`; the pool sized from free
 memory: num_blocks None; offline-256's settings max_num_seqs 256, max_num_batched_tokens 8192,
@@ -724,14 +724,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reports.memory_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m reports.serving.memory_check", description=__doc__.split("\n\n")[0]
+    )
     configure_parser(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return run(args)
     except TwinferError as error:
-        print(f"python -m reports.memory_check: error: {error}", file=sys.stderr)
+        print(f"python -m reports.serving.memory_check: error: {error}", file=sys.stderr)
         return 2
 
 

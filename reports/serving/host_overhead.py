@@ -20,7 +20,7 @@ vocabulary holds the workload's prompt ids. The sampled tokens differ from a GPU
 not matter for the host path: the workload uses ignore_eos, so every request runs to max_tokens
 whatever it samples, and the scheduling is the same.
 
-    python -m reports.host_overhead --json reports/results/host/after.json [--scale 0.1] [--profile]
+    python -m reports.serving.host_overhead --json reports/results/host/after.json [--scale 0.1] [--profile]
 
 Figures: the host seconds of every engine.step() summed over the run, the number of steps, and the
 median / p90 of the steps in which all of the workload's requests decode (the full batch, 256
@@ -398,7 +398,7 @@ def measure(settings: HostSettings) -> dict[str, object]:
             _format_ms(runs[-1]["full_batch_step_median_ms"]),
         )
     record: dict[str, object] = {
-        "what": "fast engine host time per step, device work stubbed (reports.host_overhead)",
+        "what": "fast engine host time per step, device work stubbed (reports.serving.host_overhead)",
         "stubs": {
             "model": "StubRunner.run: real InputBatch.load on the CPU (decode steps padded to CUDA-graph sizes), "
             "then zero logits",
@@ -471,7 +471,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reports.host_overhead", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m reports.serving.host_overhead", description=__doc__.split("\n\n")[0]
+    )
     configure_parser(parser)
     args = parser.parse_args(argv)
     if args.repeats < 1:

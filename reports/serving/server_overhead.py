@@ -1,4 +1,4 @@
-"""`python -m reports.server_overhead`: the server's own cost per streamed token, measured without a GPU.
+"""`python -m reports.serving.server_overhead`: the server's own cost per streamed token, measured without a GPU.
 
 The server (real uvicorn on loopback, the real app, the engine on a thread or in a child process)
 drives a `StubEngine`: an engine that keeps the protocol (add_request / step / abort / has_unfinished,
@@ -8,7 +8,7 @@ on Qwen3-0.6B in bf16 (decode about 13 ms at 256 running requests, see `StubTimi
 in Python holding the interpreter lock, as an engine's host work does, the rest sleeping, as an engine
 waiting on its GPU does. Each step gives every running request one token.
 
-For each client count N and engine mode, the same N requests as `reports.server_load` (the load
+For each client count N and engine mode, the same N requests as `reports.serving.server_load` (the load
 generator is the same code, in several processes) run against the server and offline
 (`StubEngine.generate`); the record gives both throughputs, their ratio, the clients' latencies, and
 the CPU time of each part while the clients ran: the server's event loop thread, its engine thread
@@ -16,8 +16,8 @@ the CPU time of each part while the clients ran: the server's event loop thread,
 processes, each also per streamed token. With `--py-spy DIR` (py-spy installed) it also samples every
 thread of the server and its children while the clients run and writes the heaviest functions of each.
 
-    python -m reports.server_overhead --clients 1,16,64,256 --json /tmp/overhead.json
-    python -m reports.server_overhead --clients 256 --modes process --py-spy /tmp/spy --json /tmp/o.json
+    python -m reports.serving.server_overhead --clients 1,16,64,256 --json /tmp/overhead.json
+    python -m reports.serving.server_overhead --clients 256 --modes process --py-spy /tmp/spy --json /tmp/o.json
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from reports.server_load import (
+from reports.serving.server_load import (
     DEFAULT_CLIENT,
     DEFAULT_CLIENTS_PER_PROCESS,
     TEMPERATURE,
@@ -503,7 +503,8 @@ def run_overhead(settings: OverheadSettings) -> dict[str, object]:
             servers[mode] = server
         results.append({"clients": num_clients, "offline": offline, "server": servers})
     return {
-        "what": "the server over a stub engine (no model, H200-like step times): see reports/server_overhead.py",
+        "what": "the server over a stub engine (no model, H200-like step times): see "
+        "reports/serving/server_overhead.py",
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "timing": asdict(settings.timing),
@@ -550,9 +551,11 @@ def summary_lines(record: dict[str, object]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from reports.server_load import _ints, _modes, _range, add_client_arguments
+    from reports.serving.server_load import _ints, _modes, _range, add_client_arguments
 
-    parser = argparse.ArgumentParser(prog="python -m reports.server_overhead", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m reports.serving.server_overhead", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--clients", default="1,16,64,256", help="comma-separated client counts (default 1,16,64,256)")
     parser.add_argument("--modes", default="thread,process", help="thread and/or process (default both)")
     parser.add_argument("--prompt-len", default="100,1024", help="prompt length range LO,HI (default 100,1024)")

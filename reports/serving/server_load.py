@@ -1,4 +1,5 @@
-"""`python -m reports.server_load`: `twinfer serve` under N concurrent streaming clients, against offline generate.
+"""`python -m reports.serving.server_load`: `twinfer serve` under N concurrent streaming clients, against
+offline generate.
 
 For each client count N, on the same N requests (random prompt ids in [0, 10000), lengths drawn from
 `--prompt-len`, `--output-len` tokens each, temperature 0.6 with a per-request seed, ignore_eos):
@@ -20,8 +21,8 @@ The record gives both throughputs and their ratio, latency distributions, and ho
 outputs were token-for-token identical to the offline ones (seeded sampling makes them equal up to
 floating-point near-ties between different batch compositions).
 
-    python -m reports.server_load --model qwen3-0.6b --clients 1,16,64,256 --json server_load.json
-    python -m reports.server_load --model tiny --device cpu --dtype float32 --clients 1,4 \\
+    python -m reports.serving.server_load --model qwen3-0.6b --clients 1,16,64,256 --json server_load.json
+    python -m reports.serving.server_load --model tiny --device cpu --dtype float32 --clients 1,4 \\
         --prompt-len 4,16 --output-len 8,8 --json /tmp/load.json        # a CPU check of the harness
 """
 
@@ -733,7 +734,7 @@ def summary_lines(record: dict[str, object]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reports.server_load", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m reports.serving.server_load", description=__doc__.split("\n")[0])
     configure_parser(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
