@@ -1,4 +1,10 @@
-"""The `twinfer` command: generate, tiny-model, diff, bench, and the subcommands other modules offer."""
+"""The `twinfer` command: generate, tiny-model, train-tiny, serve, and the harness's commands.
+
+Layers point one way: spec <- reference, fast <- twinfer <- reports (tests/test_imports.py). This module is
+the one exception, and only lazily: the harness's commands (`diff`, `bench`, `report`, `memory-check`, whose
+code is in reports/) are registered here by name and help text alone, and each one's module is imported when
+its command is parsed (`CommandParser`), never at `import twinfer`, `import twinfer.cli` or `twinfer --help`.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,11 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from reports.bench import command as bench_command
-from reports.diff import command as diff_command
 from spec.errors import TwinferError
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
@@ -21,18 +27,60 @@ from twinfer.model_options import add_model_arguments, model_path
 from twinfer.models.tiny_model import TINY_ARCHITECTURES
 from twinfer.registry import ENGINE_NAMES, ENGINES
 
-# Subcommands whose code lives in modules that may not be present: (name, module, help).
-# Each module provides configure_parser(parser) and run(args) -> int.
-OPTIONAL_COMMANDS = (
-    ("train-tiny", "twinfer.models.train_tiny", "train a tiny model so differential runs see peaked distributions"),
-    ("report", "reports.report", "build the HTML report of committed measurements"),
-    ("serve", "twinfer.server.cli", "serve an OpenAI-compatible HTTP API"),
-    (
+
+@dataclass(frozen=True)
+class ModuleCommand:
+    """A subcommand whose options and code live in a module offering configure_parser(parser) and
+    run(args) -> int."""
+
+    name: str
+    module: str
+    help: str
+    # reports/ (the harness): imported only when the command is parsed. Otherwise (twinfer's own modules)
+    # imported when the parser is built, and the command is left out where the module is not in this checkout.
+    harness: bool = False
+
+
+MODULE_COMMANDS = (
+    ModuleCommand(
+        "diff",
+        "reports.diff.command",
+        "run a fixed prompt set through two or more engines and compare every pair token by token",
+        harness=True,
+    ),
+    ModuleCommand(
+        "bench", "reports.bench.command", "benchmarks: the standard workloads, or the Triton kernels", harness=True
+    ),
+    ModuleCommand(
+        "train-tiny", "twinfer.models.train_tiny", "train a tiny model so differential runs see peaked distributions"
+    ),
+    ModuleCommand("report", "reports.report", "build the HTML report of committed measurements", harness=True),
+    ModuleCommand("serve", "twinfer.server.cli", "serve an OpenAI-compatible HTTP API"),
+    ModuleCommand(
         "memory-check",
         "reports.serving.memory_check",
         "KV pool share of GPU memory, and repeated runs checked for leaks",
+        harness=True,
     ),
 )
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser. Given `module`, it holds no options until it parses: then it imports the module,
+    which adds its options (configure_parser) and its handler (run). So the module is imported only when its
+    command runs, and the command's --help and errors read as if its options had been there all along."""
+
+    def __init__(self, *args: Any, module: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._unloaded_module = module
+
+    def parse_known_args(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._unloaded_module is not None:
+            _configure(self, importlib.import_module(self._unloaded_module))
+            self._unloaded_module = None
+        return super().parse_known_args(args, namespace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,18 +102,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="twinfer: a verified twin of a reference and a fast LLM inference engine.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     _add_generate_command(commands)
     _add_tiny_model_command(commands)
-    _add_diff_command(commands)
-    _add_bench_command(commands)
-    for name, module_name, help_text in OPTIONAL_COMMANDS:
-        module = _optional_module(module_name)
+    for command in MODULE_COMMANDS:
+        if command.harness:
+            commands.add_parser(command.name, help=command.help, module=command.module)
+            continue
+        module = _optional_module(command.module)
         if module is not None:
-            command = commands.add_parser(name, help=help_text)
-            module.configure_parser(command)
-            command.set_defaults(handler=module.run)
+            _configure(commands.add_parser(command.name, help=command.help), module)
     return parser
+
+
+def _configure(parser: argparse.ArgumentParser, module: ModuleType) -> None:
+    module.configure_parser(parser)
+    parser.set_defaults(handler=module.run)
 
 
 def _add_generate_command(commands: argparse._SubParsersAction) -> None:
@@ -99,20 +151,6 @@ def _add_tiny_model_command(commands: argparse._SubParsersAction) -> None:
         "--architecture", default="qwen3", choices=sorted(TINY_ARCHITECTURES), help="model family (default qwen3)"
     )
     tiny.set_defaults(handler=_run_tiny_model)
-
-
-def _add_diff_command(commands: argparse._SubParsersAction) -> None:
-    diff = commands.add_parser(
-        "diff", help="run a fixed prompt set through two or more engines and compare every pair token by token"
-    )
-    diff_command.configure_parser(diff)
-    diff.set_defaults(handler=diff_command.run)
-
-
-def _add_bench_command(commands: argparse._SubParsersAction) -> None:
-    bench_parser = commands.add_parser("bench", help="benchmarks: the standard workloads, or the Triton kernels")
-    bench_command.configure_parser(bench_parser)
-    bench_parser.set_defaults(handler=bench_command.run)
 
 
 def _optional_module(module_name: str) -> ModuleType | None:
