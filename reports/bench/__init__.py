@@ -10,6 +10,7 @@
 - `graph_timing.py`: device work timed by replaying a CUDA graph (every micro-benchmark's timer).
 - `tensor_parallel.py`: the engine on 1 and 2 ranks, and its all-reduce paths (two GPUs).
 - `kernels/`: one Triton kernel (or a few) timed beside torch or cuBLAS.
+- `plan.py`: one device call's steps (a plan file: commands and time limits, as data) run under one budget.
 
 Every benchmark writes a JSON record; the committed ones live in reports/results/.
 """
