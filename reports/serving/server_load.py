@@ -557,6 +557,21 @@ def _metric(text: str, name: str) -> float | None:
     return None
 
 
+def against_offline(
+    server: dict[str, object],
+    server_tokens: Sequence[Sequence[int]],
+    offline: dict[str, object],
+    offline_tokens: Sequence[Sequence[int]],
+) -> dict[str, object]:
+    """A server phase's record, with how many of its outputs equal offline generate's and its throughput over
+    offline's (the same requests, in the same order)."""
+    identical = sum(list(a) == list(b) for a, b in zip(server_tokens, offline_tokens, strict=True))
+    return server | {
+        "outputs_identical_to_offline": identical,
+        "throughput_over_offline": server["output_tokens_per_s"] / offline["output_tokens_per_s"],
+    }
+
+
 def run_load(settings: LoadSettings) -> dict[str, object]:
     from reports.bench.device import environment
 
@@ -569,11 +584,7 @@ def run_load(settings: LoadSettings) -> dict[str, object]:
         for mode in settings.modes:
             logger.info("%d clients: server, engine on a %s", num_clients, mode)
             server, records = run_server_phase(settings, requests, mode)
-            server["outputs_identical_to_offline"] = sum(
-                r.token_ids == t for r, t in zip(records, offline_tokens, strict=True)
-            )
-            server["throughput_over_offline"] = server["output_tokens_per_s"] / offline["output_tokens_per_s"]
-            servers[mode] = server
+            servers[mode] = against_offline(server, [r.token_ids for r in records], offline, offline_tokens)
         results.append(
             {
                 "clients": num_clients,

@@ -45,6 +45,7 @@ from reports.serving.server_load import (
     DEFAULT_CLIENTS_PER_PROCESS,
     TEMPERATURE,
     LoadRequest,
+    against_offline,
     build_requests,
     client_summary,
     clients_in_subprocesses,
@@ -498,9 +499,7 @@ def run_overhead(settings: OverheadSettings) -> dict[str, object]:
         for mode in settings.modes:
             logger.info("%d clients: server, engine on a %s", num_clients, mode)
             server, tokens = run_server(settings, requests, mode, f"{mode}-{num_clients}")
-            server["outputs_identical_to_offline"] = sum(a == b for a, b in zip(tokens, offline_tokens, strict=True))
-            server["throughput_over_offline"] = server["output_tokens_per_s"] / offline["output_tokens_per_s"]
-            servers[mode] = server
+            servers[mode] = against_offline(server, tokens, offline, offline_tokens)
         results.append({"clients": num_clients, "offline": offline, "server": servers})
     return {
         "what": "the server over a stub engine (no model, H200-like step times): see "
