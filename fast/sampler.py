@@ -251,7 +251,7 @@ class Sampler:
     def _gumbel_max(
         self, logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, keep: torch.Tensor | None
     ) -> torch.Tensor:
-        """int64 [B]: the Gumbel-max step, one kernel (a method so that reports.host_overhead can time the
+        """int64 [B]: the Gumbel-max step, one kernel (a method so that reports.serving.host_overhead can time the
         host path without it: on the CPU the kernel runs in Triton's interpreter, ~1 s a step)."""
         return gumbel_sample(logits, temperature, keys, keep, workspace=self._gumbel_workspace)
 

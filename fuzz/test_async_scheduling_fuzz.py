@@ -2,7 +2,7 @@
 aborts, requests that only their length can finish and requests a stop id can end, small pools (so
 preemption) and small budgets (so chunked prefill).
 
-Both engines are reports.host_overhead.HostOnlyFastEngine: the real FastEngine host path (scheduler,
+Both engines are reports.serving.host_overhead.HostOnlyFastEngine: the real FastEngine host path (scheduler,
 allocator, input packing, sampler rows, the scheduled-ahead path) over a stub model whose sampled
 token depends only on a request's seed and output position. So whatever the batches, each request's
 tokens are a function of the request alone. The two engines must execute equal plans on equal
@@ -35,7 +35,7 @@ from fast.input_batch import InputBatch
 from fast.scheduler import Scheduler
 from fuzz import stats
 from fuzz.strategies import ignore
-from reports.host_overhead import SHAPES, HostOnlyFastEngine, StepDigest
+from reports.serving.host_overhead import SHAPES, HostOnlyFastEngine, StepDigest
 from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
 from spec.request import RequestOutput
@@ -238,7 +238,7 @@ def test_the_fuzzer_catches_planted_bugs(
     monkeypatch.setattr(AsyncSchedulingMachine, "stats_label", f"planted/async scheduling {planted}")
     # Hypothesis mixes literal constants of the modules imported so far into what it draws, so the examples
     # depend on which tests ran before this one: collected after a tests/ module (its conftest imports
-    # reports.tiny_model), the arrivals bug took more than 150 examples to show, alone 14. Its budget has room.
+    # twinfer.models.tiny_model), the arrivals bug took more than 150 examples to show, alone 14. Its budget has room.
     planted_settings = settings(
         settings.default, max_examples=600, phases=(Phase.generate,), suppress_health_check=list(HealthCheck)
     )

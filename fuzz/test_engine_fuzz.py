@@ -19,13 +19,13 @@ from hypothesis.stateful import run_state_machine_as_test
 from fuzz import planted_bugs, stats
 from fuzz.engine_machine import SOLO_AGREEMENT, EngineMachine, SoloRuns, TinyModel, WorkloadLimits
 from fuzz.strategies import ignore
-from reports.tiny_model import write_tiny_model
 from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig
 from spec.errors import InvariantViolation
 from spec.model_config import ModelConfig
 from spec.sampling_params import SamplingParams
 from tests.engines import ENGINE_NAMES, build_engine
+from twinfer.models.tiny_model import write_tiny_model
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NUM_LIKELY_TOKENS = 8

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from reference.engine import ReferenceEngine
-from reports.tiny_model import write_tiny_model
 from spec.engine_config import EngineConfig
+from twinfer.models.tiny_model import write_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from reference.engine import ReferenceEngine
-from reports.differential import hf_greedy_trace, trace_from_output
-from reports.tiny_model import TinyModelShape, write_tiny_model
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import compare_traces
 from spec.checkpoint import expected_weight_shapes, load_model_config
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
 from spec.sampling_params import SamplingParams
+from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
 
 pytestmark = pytest.mark.differential
 

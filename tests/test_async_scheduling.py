@@ -15,8 +15,8 @@ from dataclasses import replace
 import pytest
 
 from fast.engine import FastEngine
-from reports import host_overhead
-from reports.bench_workloads import build_workload
+from reports.bench.workloads import build_workload
+from reports.serving import host_overhead
 from spec.engine_config import EngineConfig
 from spec.request import PENDING_TOKEN, FinishLimits, LifecycleError, Request, RequestOutput
 from spec.sampling_params import SamplingParams

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reports.model_shapes import SHAPES, random_state_dict
+from reports.bench.shapes import SHAPES, random_state_dict
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
 from tests.engines import build_engine

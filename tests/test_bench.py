@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from fast.weights import ShardLayout
-from reports.bench import decode_read_bytes, phase_metrics
-from reports.bench_profile import KernelInterval, busy_time_us, host_call_summary, kernel_kind, summarise
-from reports.bench_runners import PhaseRun, RequestRun, _step_timings_since, _step_timings_snapshot
-from reports.bench_workloads import WORKLOADS, build_workload
-from reports.model_shapes import SHAPES, build_hf_model, random_state_dict
+from reports.bench.harness import decode_read_bytes, phase_metrics
+from reports.bench.profile import KernelInterval, busy_time_us, host_call_summary, kernel_kind, summarise
+from reports.bench.runners import PhaseRun, RequestRun, _step_timings_since, _step_timings_snapshot
+from reports.bench.shapes import SHAPES, build_hf_model, random_state_dict
+from reports.bench.workloads import WORKLOADS, build_workload
 from spec.checkpoint import expected_weight_shapes
 from spec.errors import ConfigError
 from twinfer.cli import main
@@ -409,7 +409,7 @@ def test_bench_profile_records_a_profile_per_phase(tmp_path: Path) -> None:
 
 
 def test_tp_bench_summary_sets_two_ranks_against_one() -> None:
-    from reports.tp_bench import summary
+    from reports.bench.tensor_parallel import summary
 
     def engine(tpot_s: float, tokens_per_s: float, communication_s: float) -> dict:
         profile = {

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from reports.bench import WORKLOAD_SUMMARIES
+from reports.bench.harness import WORKLOAD_SUMMARIES
+from reports.diff.command import DIFF_TEXT_PROMPTS, DIFF_TOKEN_PROMPTS
 from tests.engines import FAST_DEVICE
 from twinfer import cli
-from twinfer.cli import DIFF_TEXT_PROMPTS, DIFF_TOKEN_PROMPTS, build_parser, main
+from twinfer.cli import build_parser, main
 
 HELP_COMMANDS = [
     [],
@@ -53,17 +54,32 @@ def test_engine_settings_are_offered_for_every_engine_config_field(capsys: pytes
 def test_optional_commands_appear_only_when_their_module_offers_them(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         cli,
-        "OPTIONAL_COMMANDS",
+        "MODULE_COMMANDS",
         (
-            ("absent", "reports.no_such_module", "a module that does not exist"),
-            ("absent-package", "no_such_package.cli", "a package that does not exist"),
-            ("unfinished", "reports.tiny_model", "a module without configure_parser and run"),
-            ("kernels-again", "reports.kernel_bench", "a module that offers both"),
+            cli.ModuleCommand("absent", "twinfer.no_such_module", "a module that does not exist"),
+            cli.ModuleCommand("absent-package", "no_such_package.cli", "a package that does not exist"),
+            cli.ModuleCommand("unfinished", "twinfer.models.tiny_model", "a module without configure_parser and run"),
+            cli.ModuleCommand("train-again", "twinfer.models.train_tiny", "a module that offers both"),
         ),
     )
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices
-    assert "kernels-again" in commands
+    assert "train-again" in commands
     assert not {"absent", "absent-package", "unfinished"} & set(commands)
+
+
+def test_a_harness_command_imports_its_module_only_when_it_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Registered by name and help alone: a module that cannot be imported shows only once its command runs."""
+    monkeypatch.setattr(
+        cli, "MODULE_COMMANDS", (cli.ModuleCommand("later", "reports.no_such_module", "imported when run", True),)
+    )
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    assert "imported when run" in capsys.readouterr().out
+    with pytest.raises(ModuleNotFoundError, match="reports.no_such_module"):
+        parser.parse_args(["later"])
 
 
 def test_tiny_model_is_deterministic_for_a_seed(tmp_path: Path) -> None:

@@ -24,8 +24,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from reference.engine import ReferenceEngine
-from reports.differential import trace_from_output
-from reports.endpoint import (
+from reports.diff.differential import trace_from_output
+from reports.diff.endpoint import (
     EndpointClient,
     TokenResolver,
     endpoint_runner,
@@ -193,7 +193,7 @@ def test_greedy_traces_need_logprobs_in_the_response(tiny_checkpoint: Path) -> N
     async def completions(_: dict) -> dict:
         return {"choices": [{"index": 0, "text": "x", "logprobs": None}]}
 
-    from reports.endpoint import EndpointError
+    from reports.diff.endpoint import EndpointError
 
     with ServerThread(app) as server:
         client = EndpointClient(f"{server.base_url}/v1")

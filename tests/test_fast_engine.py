@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from fast.engine import FastEngine
-from reports.differential import hf_greedy_trace, trace_from_output
-from reports.tiny_model import TinyModelShape, write_tiny_model
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import Trace, compare_traces
 from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig
@@ -25,6 +24,7 @@ from spec.errors import ConfigError
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
 from tests.engines import build_engine, record_plans
+from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
 
 pytestmark = pytest.mark.differential
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from fast.engine import FastEngine
-from reports.differential import hf_greedy_trace, trace_from_output
-from reports.model_shapes import SHAPES, build_hf_model, random_state_dict
+from reports.bench.shapes import SHAPES, build_hf_model, random_state_dict
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import compare_traces
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError

@@ -1,4 +1,4 @@
-"""reports.host_overhead: the fast engine's host path with the device work stubbed, on a tiny workload."""
+"""reports.serving.host_overhead: the fast engine's host path with the device work stubbed, on a tiny workload."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fast.engine import FastEngine
-from reports import host_overhead
-from reports.bench_workloads import build_workload
+from reports.bench.workloads import build_workload
+from reports.serving import host_overhead
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
 

@@ -1,4 +1,4 @@
-"""reports.memory_check: the pool-budget, overshoot and leak arithmetic on known figures, the
+"""reports.serving.memory_check: the pool-budget, overshoot and leak arithmetic on known figures, the
 free-memory sampler, and the whole loop on the CPU (tiny shape, scaled offline-256) with a fake
 memory probe, down to the record's fields. The real figures need CUDA (the `gpu` test)."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reports.memory_check import (
+from reports.bench.shapes import SHAPES
+from reports.serving.memory_check import (
     OFFLINE_256_ENGINE_SETTINGS,
     CudaMemoryProbe,
     FreeMemorySampler,
@@ -27,7 +28,6 @@ from reports.memory_check import (
     summary_text,
     within_limit,
 )
-from reports.model_shapes import SHAPES
 from spec.engine_config import DEFAULT_NUM_BLOCKS, EngineConfig
 from twinfer.registry import triton_interpreter_enabled
 

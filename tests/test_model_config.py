@@ -125,7 +125,7 @@ def test_yarn_scaled_model_matches_transformers(tiny_checkpoint: Path, tmp_path:
     from transformers import Qwen3ForCausalLM
 
     from reference.engine import ReferenceEngine
-    from reports.differential import hf_greedy_trace, trace_from_output
+    from reports.diff.differential import hf_greedy_trace, trace_from_output
     from spec.agreement import compare_traces
     from spec.sampling_params import SamplingParams
 

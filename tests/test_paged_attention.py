@@ -10,7 +10,7 @@ import torch
 import fast.attention
 from fast.attention import PACKED_DECODE_MIN_SEQS, PagedAttention, StepMetadata
 from fast.cuda_graphs import graph_batch_sizes
-from reports.kernel_reference import reference_causal_attention
+from reports.bench.kernels.kernel_reference import reference_causal_attention
 from tests.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache
 from tests.kernels.strategies import seeded_generator
 

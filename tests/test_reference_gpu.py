@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from reference.engine import ReferenceEngine
-from reports.differential import hf_greedy_trace, trace_from_output
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import compare_traces
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from reports.differential import hf_greedy_trace, trace_from_output
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import Trace, compare_traces
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams

@@ -1,6 +1,6 @@
 """The server's streaming fast paths: chunk text equal to the pydantic models' JSON, one hand-off per step,
 tokens of steps a stream fell behind on grouped into one event, the engine process's framing, the load
-generator's event parsing, and `reports.server_overhead` run small (real server, stub engine, both modes)."""
+generator's event parsing, and `reports.serving.server_overhead` run small (real server, stub engine, both modes)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import random
 import socket
 from pathlib import Path
 
-from reports.server_load import LoadRequest, _read_events, _Stream
-from reports.server_overhead import OverheadSettings, StubEngine, StubTiming, run_overhead, summary_lines
+from reports.serving.server_load import LoadRequest, _read_events, _Stream
+from reports.serving.server_overhead import OverheadSettings, StubEngine, StubTiming, run_overhead, summary_lines
 from spec.engine_config import EngineConfig
 from spec.request import FinishReason
 from spec.sampling_params import SamplingParams

@@ -45,8 +45,7 @@ from fast.sharded_loading import CheckpointWeights, StateDictWeights, open_check
 from fast.tp_worker import WorkerSpec
 from fast.weights import ShardLayout, check_tensor_parallel_size, pack_weights
 from reference.engine import ReferenceEngine
-from reports.differential import hf_greedy_trace, trace_from_output
-from reports.tiny_model import TinyModelShape, write_tiny_model
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import compare_traces
 from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig
@@ -55,6 +54,7 @@ from spec.model_config import ModelConfig
 from spec.sampling_params import SamplingParams
 from tests.engines import FAST_DEVICE, record_plans
 from tests.tp_faults import ExplodingStateDict
+from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
 
 pytestmark = pytest.mark.differential
 

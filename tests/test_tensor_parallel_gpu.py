@@ -17,7 +17,7 @@ their all-reduces inside. Marker `gpu`; skipped unless at least 2 GPUs are visib
   process is left; also with the fused kernel, whose barrier wait no NCCL abort ends (its own timeout
   must). Run in a subprocess, so a hang fails the test instead of stalling the run.
 
-Random checkpoints are written once (reports.tp_bench.random_checkpoint; $TWINFER_CHECKPOINT_DIR).
+Random checkpoints are written once (reports.bench.tensor_parallel.random_checkpoint; $TWINFER_CHECKPOINT_DIR).
 Measurements go to $TWINFER_RESULTS_DIR as JSON when it is set.
 """
 
@@ -35,9 +35,9 @@ import pytest
 import torch
 
 from fast.engine import FastEngine
-from reports.differential import trace_from_output
-from reports.model_shapes import SHAPES, random_state_dict
-from reports.tp_bench import WEIGHT_SEED, random_checkpoint
+from reports.bench.shapes import SHAPES, random_state_dict
+from reports.bench.tensor_parallel import WEIGHT_SEED, random_checkpoint
+from reports.diff.differential import trace_from_output
 from spec.agreement import compare_traces
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reports import eval_tiny, train_tiny
 from spec.checkpoint import load_model_config, load_state_dict
+from twinfer.models import eval_tiny, train_tiny
 
 COMMITTED = Path(__file__).resolve().parents[1] / "twinfer" / "models" / "stdlib-tiny"
 
@@ -84,7 +84,7 @@ def test_training_writes_a_checkpoint_both_loaders_read(trained_checkpoint: Path
     tokenizer = AutoTokenizer.from_pretrained(str(trained_checkpoint))
     assert tokenizer.eos_token == train_tiny.END_OF_TEXT and tokenizer.eos_token_id in config.eos_token_ids
     card = (trained_checkpoint / "README.md").read_text()
-    assert "python -m reports.train_tiny" in card and "--max-steps 3" in card
+    assert "python -m twinfer.models.train_tiny" in card and "--max-steps 3" in card
     assert re.search(r"\| 2 \| 256 \| \d+\.\d{4} \| \d+\.\d{4} \| -?\d+\.\d{2} \|", card)  # loss curve, step 2
     assert "Final held-out loss" in card
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reports.differential import hf_greedy_trace, trace_from_output
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import compare_traces
 from spec.checkpoint import load_model_config, load_state_dict
 from spec.engine_config import EngineConfig

@@ -1,4 +1,10 @@
-"""The `twinfer` command: generate, tiny-model, diff, bench, and the subcommands other modules offer."""
+"""The `twinfer` command: generate, tiny-model, train-tiny, serve, and the harness's commands.
+
+Layers point one way: spec <- reference, fast <- twinfer <- reports (tests/test_imports.py). This module is
+the one exception, and only lazily: the harness's commands (`diff`, `bench`, `report`, `memory-check`, whose
+code is in reports/) are registered here by name and help text alone, and each one's module is imported when
+its command is parsed (`CommandParser`), never at `import twinfer`, `import twinfer.cli` or `twinfer --help`.
+"""
 
 from __future__ import annotations
 
@@ -8,35 +14,73 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from reports import bench, kernel_bench
-from reports.tiny_model import TINY_ARCHITECTURES
 from spec.errors import TwinferError
 from spec.request import RequestOutput
 from spec.sampling_params import SamplingParams
 from twinfer.engine_options import add_engine_arguments, engine_config_from_args
+from twinfer.model_options import add_model_arguments, model_path
+from twinfer.models.tiny_model import TINY_ARCHITECTURES
 from twinfer.registry import ENGINE_NAMES, ENGINES
 
-DIFF_TEXT_PROMPTS = (
-    "def ",
-    "import os\nimport sys\n\n\ndef main(argv):\n    ",
-    "class Queue:\n    def __init__(self, maxsize=0):\n        self.",
-    "The quick brown fox",
-    "A verified inference engine computes the same tokens as its reference, token by token. "
-    "Attention reads keys and values from a paged cache; blocks that hold a shared prefix are reused.",
-)
-DIFF_TOKEN_PROMPTS = ((7,), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17))
 
-# Subcommands whose code lives in modules that may not be present: (name, module, help).
-# Each module provides configure_parser(parser) and run(args) -> int.
-OPTIONAL_COMMANDS = (
-    ("train-tiny", "reports.train_tiny", "train a tiny model so differential runs see peaked distributions"),
-    ("report", "reports.report", "build the HTML report of committed measurements"),
-    ("serve", "twinfer.server.cli", "serve an OpenAI-compatible HTTP API"),
-    ("memory-check", "reports.memory_check", "KV pool share of GPU memory, and repeated runs checked for leaks"),
+@dataclass(frozen=True)
+class ModuleCommand:
+    """A subcommand whose options and code live in a module offering configure_parser(parser) and
+    run(args) -> int."""
+
+    name: str
+    module: str
+    help: str
+    # reports/ (the harness): imported only when the command is parsed. Otherwise (twinfer's own modules)
+    # imported when the parser is built, and the command is left out where the module is not in this checkout.
+    harness: bool = False
+
+
+MODULE_COMMANDS = (
+    ModuleCommand(
+        "diff",
+        "reports.diff.command",
+        "run a fixed prompt set through two or more engines and compare every pair token by token",
+        harness=True,
+    ),
+    ModuleCommand(
+        "bench", "reports.bench.command", "benchmarks: the standard workloads, or the Triton kernels", harness=True
+    ),
+    ModuleCommand(
+        "train-tiny", "twinfer.models.train_tiny", "train a tiny model so differential runs see peaked distributions"
+    ),
+    ModuleCommand("report", "reports.report", "build the HTML report of committed measurements", harness=True),
+    ModuleCommand("serve", "twinfer.server.cli", "serve an OpenAI-compatible HTTP API"),
+    ModuleCommand(
+        "memory-check",
+        "reports.serving.memory_check",
+        "KV pool share of GPU memory, and repeated runs checked for leaks",
+        harness=True,
+    ),
 )
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser. Given `module`, it holds no options until it parses: then it imports the module,
+    which adds its options (configure_parser) and its handler (run). So the module is imported only when its
+    command runs, and the command's --help and errors read as if its options had been there all along."""
+
+    def __init__(self, *args: Any, module: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._unloaded_module = module
+
+    def parse_known_args(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._unloaded_module is not None:
+            _configure(self, importlib.import_module(self._unloaded_module))
+            self._unloaded_module = None
+        return super().parse_known_args(args, namespace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,23 +102,27 @@ def build_parser() -> argparse.ArgumentParser:
         description="twinfer: a verified twin of a reference and a fast LLM inference engine.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     _add_generate_command(commands)
     _add_tiny_model_command(commands)
-    _add_diff_command(commands)
-    _add_bench_command(commands)
-    for name, module_name, help_text in OPTIONAL_COMMANDS:
-        module = _optional_module(module_name)
+    for command in MODULE_COMMANDS:
+        if command.harness:
+            commands.add_parser(command.name, help=command.help, module=command.module)
+            continue
+        module = _optional_module(command.module)
         if module is not None:
-            command = commands.add_parser(name, help=help_text)
-            module.configure_parser(command)
-            command.set_defaults(handler=module.run)
+            _configure(commands.add_parser(command.name, help=command.help), module)
     return parser
+
+
+def _configure(parser: argparse.ArgumentParser, module: ModuleType) -> None:
+    module.configure_parser(parser)
+    parser.set_defaults(handler=module.run)
 
 
 def _add_generate_command(commands: argparse._SubParsersAction) -> None:
     generate = commands.add_parser("generate", help="generate text or token ids from a prompt")
-    _add_model_arguments(generate)
+    add_model_arguments(generate)
     generate.add_argument(
         "--engine",
         default=None,
@@ -105,42 +153,6 @@ def _add_tiny_model_command(commands: argparse._SubParsersAction) -> None:
     tiny.set_defaults(handler=_run_tiny_model)
 
 
-def _add_diff_command(commands: argparse._SubParsersAction) -> None:
-    from reports.diff_run import DIFF_ENGINES
-
-    diff = commands.add_parser(
-        "diff", help="run a fixed prompt set through two or more engines and compare every pair token by token"
-    )
-    _add_model_arguments(diff)
-    diff.add_argument(
-        "--engines",
-        default="reference,hf",
-        help=f"two or more engines, comma-separated, every pair compared; of {', '.join(DIFF_ENGINES)}, or an "
-        "OpenAI-compatible server as openai:http://HOST:PORT/v1 (checked free-running, and teacher-forced through "
-        "echo where the server supports it; give --dtype the server's dtype) (default reference,hf)",
-    )
-    diff.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens per prompt (default 64)")
-    diff.add_argument("--top-k", type=int, default=5, help="top log-probabilities compared per token (default 5)")
-    diff.add_argument(
-        "--logprob-tolerance", type=float, default=1e-4, help="largest allowed logprob difference in fp32"
-    )
-    diff.add_argument("--json", type=Path, help="write the comparison record as JSON to this file")
-    add_engine_arguments(diff)
-    diff.set_defaults(handler=_run_diff)
-
-
-def _add_bench_command(commands: argparse._SubParsersAction) -> None:
-    bench_parser = commands.add_parser("bench", help="benchmarks: the standard workloads, or the Triton kernels")
-    workloads = bench_parser.add_subparsers(dest="bench_command", required=True)
-    kernels = workloads.add_parser("kernels", help="time each Triton kernel beside torch's implementation (GPU)")
-    kernel_bench.configure_parser(kernels)
-    kernels.set_defaults(handler=kernel_bench.run)
-    for name, summary in bench.WORKLOAD_SUMMARIES.items():
-        workload = workloads.add_parser(name, help=summary, description=summary)
-        bench.configure_parser(workload)
-        workload.set_defaults(handler=bench.run, workload=name)
-
-
 def _optional_module(module_name: str) -> ModuleType | None:
     """The module, or None when it (or its package) is not part of this checkout or does not offer
     configure_parser and run yet."""
@@ -152,21 +164,6 @@ def _optional_module(module_name: str) -> ModuleType | None:
             return None
         raise
     return module if hasattr(module, "configure_parser") and hasattr(module, "run") else None
-
-
-def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default=None,
-        help="checkpoint directory or Hugging Face hub id (default: the built-in stdlib-tiny model)",
-    )
-    parser.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["auto", "float32", "float16", "bfloat16"],
-        help="weight and activation dtype (default float32)",
-    )
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
 
 
 def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -188,14 +185,6 @@ def _parse_ids(text: str) -> list[int]:
         raise SystemExit(f"twinfer: error: token ids must be comma-separated integers: {text!r}") from error
 
 
-def _model_path(args: argparse.Namespace) -> str:
-    if args.model is not None:
-        return args.model
-    from twinfer.default_model import default_model
-
-    return str(default_model())
-
-
 def _run_generate(args: argparse.Namespace) -> int:
     from twinfer.llm import LLM
 
@@ -211,7 +200,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         logprobs=args.logprobs,
     )
     llm = LLM(
-        _model_path(args),
+        model_path(args),
         engine=args.engine,
         dtype=args.dtype,
         device=args.device,
@@ -251,56 +240,11 @@ def _output_record(output: RequestOutput) -> dict[str, object]:
 
 
 def _run_tiny_model(args: argparse.Namespace) -> int:
-    from reports.tiny_model import write_tiny_model
+    from twinfer.models.tiny_model import write_tiny_model
 
     path = write_tiny_model(args.directory, seed=args.seed, architecture=args.architecture)
     print(f"wrote tiny {args.architecture} checkpoint (seed {args.seed}) to {path}")
     return 0
-
-
-def _run_diff(args: argparse.Namespace) -> int:
-    from reports.diff_run import check_diff_engines, run_diff
-
-    engines = [name.strip() for name in args.engines.split(",") if name.strip()]
-    check_diff_engines(engines)  # before anything loads
-    record = run_diff(
-        model=_model_path(args),
-        engines=engines,
-        dtype=args.dtype,
-        device=args.device,
-        max_new_tokens=args.max_new_tokens,
-        top_k=args.top_k,
-        logprob_tolerance=args.logprob_tolerance,
-        text_prompts=DIFF_TEXT_PROMPTS,
-        token_prompts=DIFF_TOKEN_PROMPTS,
-        engine_config=engine_config_from_args(args),
-    )
-    for comparison in record.comparisons:
-        print(f"{comparison.candidate} vs {comparison.baseline}:")
-        for entry in comparison.prompts:
-            status = "agree" if entry["agree"] else "DISAGREE"
-            divergence = entry["first_divergence"]
-            where = "identical" if divergence is None else f"first divergence at token {divergence}"
-            print(
-                f"  {status:9} prompt {entry['index']} ({entry['num_prompt_tokens']} tokens): {where}, "
-                f"max |dlogprob| {entry['max_logprob_error']:.2e}"
-            )
-    for endpoint, notes in record.endpoints.items():
-        for note in notes.get("notes", []):
-            print(f"{endpoint}: note: {note}")
-    for endpoint, check in record.teacher_forced.items():
-        if not check["supported"]:
-            print(f"{endpoint} teacher-forced: not run: {check['note']}")
-        else:
-            status = "agree" if check["all_agree"] else "DISAGREE"
-            print(f"{endpoint} teacher-forced on {check['baseline']}'s tokens: {status}")
-    pairs = ", ".join(f"{c.candidate} vs {c.baseline}" for c in record.comparisons)
-    num_prompts = len(DIFF_TEXT_PROMPTS) + len(DIFF_TOKEN_PROMPTS)
-    verdict = "full agreement" if record.all_agree else "DISAGREEMENT"
-    print(f"{verdict}: {num_prompts} prompts, {record.max_new_tokens} tokens each, {pairs}")
-    if args.json:
-        args.json.write_text(json.dumps(record.to_dict(), indent=2))
-    return 0 if record.all_agree else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The built-in default model: stdlib-tiny, trained on the Python standard library and shipped in the
 package (twinfer/models/stdlib-tiny, with its model card). The CLI, the report and the differential
-tests use it when no model is named; the random tiny models (reports.tiny_model) cover the shapes."""
+tests use it when no model is named; the random tiny models (twinfer.models.tiny_model) cover the shapes."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ only figure that matters is weight bytes per second. A vendor GEMM is built for 
 engine's batch-1 decode graph on an H200 (reports/results/bench/after/decode-bs1.json, profile)
 cuBLAS spent 29 us per Qwen3-0.6B layer on 31 MB of weights (about 1.1 TB/s against a ~4.2 TB/s
 copy bandwidth), one kernel alone 12.2 us, and split K for the down projection (a second kernel).
-In reports/gemv_bench.py (graphs of back-to-back calls, weights from HBM) cuBLAS took 12.6 us for
+In reports/bench/kernels/gemv.py (graphs of back-to-back calls, weights from HBM) cuBLAS took 12.6 us for
 the 0.6B o_proj at M=1..2, where this kernel takes 3.9 us; at the 8B shapes both reach 3.3-4.1 TB/s.
 
 How: grid (cdiv(N, BLOCK_N),), no split-K. Program p owns weight rows [p*BLOCK_N, (p+1)*BLOCK_N)
@@ -40,7 +40,7 @@ and the activation's round trip through memory but costs (N / BLOCK_N) * M * I s
 (an exp and an IEEE division each). Measured on an H200 before the gate/up prefetch below was
 added, it was slower than silu_and_mul + small_batch_linear at every M (M=1: 5.9 vs 5.6 us at
 0.6B, 32 vs 29 us at 8B; M>=2: 1.3-5x slower): at decode, prefer the two kernels unless a new
-measurement (reports/gemv_bench.py records both) says otherwise.
+measurement (reports/bench/kernels/gemv.py records both) says otherwise.
 
 No host syncs and, when `out` is given, no allocation: the wrappers read shapes, strides and
 dtypes only, so a call can be captured in a CUDA graph.
@@ -162,7 +162,7 @@ def gemv_config(m: int, n: int, k: int, dtype: torch.dtype, silu_mul: bool = Fal
     """Default launch parameters from host ints and the dtype only (never from tensor values).
 
     Chosen from a sweep on one H200 (bf16, Qwen3-0.6B and -8B projection shapes, M = 1..16,
-    calls replayed from a CUDA graph with weights read from HBM: reports/gemv_bench.py --sweep wide);
+    calls replayed from a CUDA graph with weights read from HBM: reports/bench/kernels/gemv.py --sweep wide);
     each default is within ~7% of the best configuration found for its shape.
 
     - One row (M=1): FMA tiles of BLOCK_N=2 rows x BLOCK_K=1024, 2 warps, 3 stages: many small

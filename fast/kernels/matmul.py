@@ -38,7 +38,7 @@ Two launch paths compute exactly that, bit for bit the same:
   fill and drain once per chunk on large-M prefill matmuls. (Triton pipelines a flat loop with a
   conditionally reset accumulator, as in its persistent-matmul tutorial. Compiled for sm_90 with
   Triton 3.9, the tile loads stay pipelined across chunk ends; the flush itself has to wait for
-  the in-flight wgmma, so the MMAs drain once per chunk: reports/invariant_matmul_bench.py's
+  the in-flight wgmma, so the MMAs drain once per chunk: reports/bench/kernels/invariant_matmul.py's
   `unchunked` variant measures what that costs a prefill.)
 - split (_matmul_chunk_kernel, then _sum_chunks_kernel): one program per (row tile, column tile,
   chunk) computes its chunk's `part` with the same tile loads and the same dot sequence from zero,
@@ -325,7 +325,7 @@ def matmul_tiles(n: int, k: int, dtype: torch.dtype) -> MatmulConfig:
     - fp32 (ieee dots) halves BLOCK_K, so a stage's tiles stay the same size in bytes (and CHUNK_K
       halves with it).
     - Weights narrower or shallower than a tile get the next power of two >= 16 instead.
-    Not yet tuned by measurement: reports/invariant_matmul_bench.py times these against cuBLAS
+    Not yet tuned by measurement: reports/bench/kernels/invariant_matmul.py times these against cuBLAS
     and the alternatives it lists, at the Qwen3-0.6B and -8B shapes.
     """
     block_n, block_k = (128, 64) if n >= 4096 else (64, 128)

@@ -33,14 +33,39 @@ def assemble_report(
     speed: SpeedSection,
     device: torch.device,
 ) -> Report:
-    from reports import bench_device
+    from reports.bench import device as bench_device
 
-    return Report(
+    return report_of_sections(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         commit=bench_device.git_commit(),
         commit_dirty=bench_device.git_has_uncommitted_changes(),
         settings=settings,
         environment=environment(device),
+        correctness=correctness,
+        fuzz=fuzz,
+        kernels=kernels,
+        speed=speed,
+    )
+
+
+def report_of_sections(
+    created: str,
+    commit: str | None,
+    commit_dirty: bool | None,
+    settings: RunSettings,
+    environment: dict[str, str],
+    correctness: CorrectnessSection,
+    fuzz: FuzzSection,
+    kernels: KernelSection,
+    speed: SpeedSection,
+) -> Report:
+    """The Report of these sections, with the checks and figures they give (the one place that derives them)."""
+    return Report(
+        created=created,
+        commit=commit,
+        commit_dirty=commit_dirty,
+        settings=settings,
+        environment=environment,
         checks=(*correctness_checks(correctness), *fuzz_checks(fuzz), *kernel_checks(kernels), *speed_checks(speed)),
         figures=(*correctness_figures(correctness), *fuzz_figures(fuzz), *speed_figures(speed)),
         correctness=correctness,
@@ -52,7 +77,7 @@ def assemble_report(
 
 def environment(device: torch.device) -> dict[str, str]:
     """Versions, host and device as text (the commit and the command are kept beside it)."""
-    from reports import bench_device
+    from reports.bench import device as bench_device
 
     record = bench_device.environment(device, commit=None)
     shown = {

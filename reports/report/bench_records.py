@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 BENCH_RECORD = "twinfer bench"
-HF = "hf"  # the transformers baseline's engine name in a record (reports.bench.HF)
+HF = "hf"  # the transformers baseline's engine name in a record (reports.bench.harness.HF)
 DEFAULTS_LABEL = "no flags (defaults)"
 NO_TWINFER_LABEL = "transformers only"  # a record of `twinfer bench --engine hf`
 REQUIRED_KEYS = ("workload", "shape", "dtype", "environment", "ceilings", "results")

@@ -179,7 +179,7 @@ def _parse_sections(text: str) -> frozenset[str]:
 
 def parse_endpoints(values: list[str], model_name: str | None) -> tuple[str, ...]:
     """--endpoint values as engine names `openai:URL` (the URL normalised), each checked now."""
-    from reports.endpoint import ENDPOINT_PREFIX, endpoint_url
+    from reports.diff.endpoint import ENDPOINT_PREFIX, endpoint_url
     from spec.errors import ConfigError
 
     endpoints = []

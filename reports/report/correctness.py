@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from reports.endpoint import (
+from reports.diff.endpoint import (
     EchoUnsupported,
     EndpointUnreachable,
     endpoint_teacher_forced,

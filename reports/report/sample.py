@@ -8,15 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, replace
 
-from reports.report.assemble import (
-    correctness_checks,
-    correctness_figures,
-    fuzz_checks,
-    fuzz_figures,
-    kernel_checks,
-    speed_checks,
-    speed_figures,
-)
+from reports.report.assemble import report_of_sections
 from reports.report.bench_records import BenchRecord
 from reports.report.records import (
     Cell,
@@ -46,22 +38,16 @@ HOSTILE_TOKEN = "<img src=x onerror=alert(1)>"
 
 
 def sample_report(commit: str = "0123456789abcdef0123456789abcdef01234567") -> Report:
-    correctness = _correctness()
-    fuzz = _fuzz()
-    kernels = _kernels()
-    speed = _speed()
-    return Report(
+    return report_of_sections(
         created="2026-11-30T12:00:00+00:00",
         commit=commit,
         commit_dirty=False,
         settings=RunSettings(HOSTILE_MODEL, "cpu", ("float32", "bfloat16"), True, "twinfer report --quick"),
         environment={"python": "3.11.7", "torch": "2.13.0+cpu", "host": "<b>host</b>"},
-        checks=(*correctness_checks(correctness), *fuzz_checks(fuzz), *kernel_checks(kernels), *speed_checks(speed)),
-        figures=(*correctness_figures(correctness), *fuzz_figures(fuzz), *speed_figures(speed)),
-        correctness=correctness,
-        fuzz=fuzz,
-        kernels=kernels,
-        speed=speed,
+        correctness=_correctness(),
+        fuzz=_fuzz(),
+        kernels=_kernels(),
+        speed=_speed(),
     )
 
 
@@ -221,7 +207,7 @@ def _kernels() -> KernelSection:
 SAMPLE_GPU = "<i>sample GPU</i>"
 SAMPLE_BENCH_COMMIT = "feedc0ffee0123456789abcdef0123456789abcd"
 TUNED = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "async_scheduling": True}
-# (label, requests, prompt tokens, output tokens) of each workload's phases, as reports.bench_workloads has them.
+# (label, requests, prompt tokens, output tokens) of each workload's phases, as reports.bench.workloads has them.
 SAMPLE_PHASES = {
     "offline-256": (("offline", 256, 142827, 133966),),
     "decode-bs1": (("decode", 1, 128, 256),),
@@ -238,7 +224,7 @@ def bench_record(
     commit: str = SAMPLE_BENCH_COMMIT,
     identical_with_prefix_caching: bool | None = None,
 ) -> dict[str, object]:
-    """A `twinfer bench` record in the format reports.bench writes, holding the fields the report reads.
+    """A `twinfer bench` record in the format reports.bench.harness writes, holding the fields the report reads.
     `figures`: per engine ("fast", "hf"), per phase label, (output tokens/s, time per output token in s);
     the floors are derived from them with a fixed ceiling, so the page has fractions to show."""
     settings = settings or {}

@@ -1,4 +1,4 @@
-"""The speed section: the standard workloads of shared/benchmarks.md, run through `reports.bench`
+"""The speed section: the standard workloads of shared/benchmarks.md, run through `reports.bench.harness`
 (twinfer beside transformers in the same process), or read from bench JSON records made earlier.
 
 Every figure shown comes from a bench record: the measured value, its run-to-run spread where the
@@ -72,12 +72,12 @@ def speed_section(options: SpeedOptions) -> SpeedSection:
 
 def _run_workloads(options: SpeedOptions) -> tuple[list[dict[str, Any]], list[str]]:
     try:
-        from reports import bench
-        from reports.bench_workloads import build_workload
-        from reports.model_shapes import SHAPES
+        from reports.bench import harness as bench
+        from reports.bench.shapes import SHAPES
+        from reports.bench.workloads import build_workload
         from twinfer.registry import default_engine_name
     except ImportError as error:
-        return [], [f"reports/bench.py is not available: {error}"]
+        return [], [f"reports/bench/harness.py is not available: {error}"]
     engine = options.engine or default_engine_name(options.device)
     records, problems = [], []
     for name in options.workloads:

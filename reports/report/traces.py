@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reports.differential import hf_greedy_trace, trace_from_output
+from reports.diff.differential import hf_greedy_trace, trace_from_output
 from spec.agreement import Trace
 from spec.engine import Engine
 from spec.sampling_params import SamplingParams

@@ -1,7 +1,7 @@
 """Test-side helpers of the kernel tests: the device they run on, tolerances, poisoned outputs, and
-the shared builders of reports.kernel_reference bound to that device.
+the shared builders of reports.bench.kernels.kernel_reference bound to that device.
 
-The torch reference implementations themselves live in reports/kernel_reference.py, which the
+The torch reference implementations themselves live in reports/bench/kernels/kernel_reference.py, which the
 kernel benchmark uses too.
 """
 
@@ -11,7 +11,7 @@ from functools import partial
 
 import torch
 
-from reports import kernel_reference
+from reports.bench.kernels import kernel_reference
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ON_GPU = DEVICE.type == "cuda"

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 
 from fast.kernels.decode_attention import decode_attention
-from reports.kernel_reference import reference_causal_attention
+from reports.bench.kernels.kernel_reference import reference_causal_attention
 from tests.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache, poisoned_like
 from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator, sequence_length
 

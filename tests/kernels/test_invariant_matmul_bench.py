@@ -1,4 +1,4 @@
-"""reports/invariant_matmul_bench.py on the CPU: its shapes, its invariance check (which must be
+"""reports/bench/kernels/invariant_matmul.py on the CPU: its shapes, its invariance check (which must be
 able to fail), and one shape end to end through Triton's interpreter in fp32 with tiny sizes and
 a wall-clock timer in place of CUDA graphs."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fast.kernels.matmul import invariant_linear
-from reports import invariant_matmul_bench as bench
-from reports.model_shapes import SHAPES
+from reports.bench.kernels import invariant_matmul as bench
+from reports.bench.shapes import SHAPES
 from tests.kernels.reference import DEVICE
 from tests.kernels.strategies import seeded_generator
 

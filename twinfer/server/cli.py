@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     )
     model = args.model
     if model is None:
-        from reports.tiny_model import ensure_tiny_model
+        from twinfer.models.tiny_model import ensure_tiny_model
 
         model = str(ensure_tiny_model())
     app = app_for_checkpoint(

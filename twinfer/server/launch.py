@@ -1,6 +1,6 @@
 """Building a server from a checkpoint, and running it in a background thread on a loopback port.
 
-`ServerThread` is what tests, `reports.server_load` and `twinfer diff` fixtures use: uvicorn on a
+`ServerThread` is what tests, `reports.serving.server_load` and `twinfer diff` fixtures use: uvicorn on a
 socket bound before the thread starts (port 0: the OS picks a free port, so parallel runs never
 collide), the URL known before the first request.
 """
