@@ -77,6 +77,11 @@ PACKED_DECODE_MIN_SEQS = 64
 # docstring). 2048 keys: the context every earlier benchmark ran at, and at 128-key splits a grid of
 # 16 splits, one program each, up to 64 sequences of 8 KV heads on an H200.
 MIN_DECODE_CONTEXT = 2048
+# On the CPU (Triton's interpreter) the ladder starts at one split: every program of a grid, an empty one
+# too, runs there in Python (about 10 ms each), and no CUDA graph is captured per bucket. A test's short
+# sequences then launch one split per (sequence, KV head) instead of max_model_len's; the arithmetic is
+# the same (the decode kernel's tests pin it for every bound).
+MIN_DECODE_CONTEXT_INTERPRETED = SMALL_BATCH_SPLIT_SIZE
 
 
 def decode_split_size(num_seqs: int) -> int:
@@ -85,9 +90,9 @@ def decode_split_size(num_seqs: int) -> int:
     return SMALL_BATCH_SPLIT_SIZE if num_seqs <= SMALL_BATCH_MAX_SEQS else DECODE_SPLIT_SIZE
 
 
-def context_buckets(max_model_len: int) -> tuple[int, ...]:
-    """MIN_DECODE_CONTEXT, twice that, ... below max_model_len, then max_model_len."""
-    buckets = [MIN_DECODE_CONTEXT]
+def context_buckets(max_model_len: int, smallest: int = MIN_DECODE_CONTEXT) -> tuple[int, ...]:
+    """smallest, twice that, ... below max_model_len, then max_model_len."""
+    buckets = [smallest]
     while buckets[-1] < max_model_len:
         buckets.append(buckets[-1] * 2)
     return (*[bucket for bucket in buckets if bucket < max_model_len], max_model_len)
@@ -118,8 +123,11 @@ class PagedAttention:
         batch_invariant: bool = False,
         packed_decode_min_seqs: int = PACKED_DECODE_MIN_SEQS,
         pdl: bool = False,
+        smallest_context: int | None = None,
     ) -> None:
-        """pdl: the decode kernels launch with programmatic dependent launch (fast/kernels/pdl.py)."""
+        """pdl: the decode kernels launch with programmatic dependent launch (fast/kernels/pdl.py).
+        smallest_context: the first decode context bucket; None: the device's (MIN_DECODE_CONTEXT on CUDA,
+        MIN_DECODE_CONTEXT_INTERPRETED elsewhere)."""
         self.scale = float(head_dim**-0.5)
         self.pdl = pdl
         # A group wider than the packed tile cannot be packed: such models keep the decode kernel.
@@ -129,7 +137,9 @@ class PagedAttention:
         self.num_kv_heads = num_kv_heads
         self.device = device
         self.batch_invariant = batch_invariant
-        self.contexts = context_buckets(max_model_len)
+        if smallest_context is None:
+            smallest_context = MIN_DECODE_CONTEXT if device.type == "cuda" else MIN_DECODE_CONTEXT_INTERPRETED
+        self.contexts = context_buckets(max_model_len, smallest_context)
         # The decode kernel's largest steps at max_model_len, one per split size (its most sequences at
         # each): the workspace views are flat prefixes (decode_attention), so its size is their largest.
         decode_seqs = min(max_num_seqs, self.packed_decode_min_seqs)

@@ -90,13 +90,21 @@ def test_decode_context_buckets_double_from_2048_up_to_max_model_len() -> None:
     assert fast.attention.context_buckets(100) == (100,)
 
 
+CPU = torch.device("cpu")
+
+
+def test_the_ladder_starts_at_2048_on_cuda_and_at_one_split_in_the_interpreter() -> None:
+    assert fast.attention.MIN_DECODE_CONTEXT == 2048
+    assert PagedAttention(16, 8, 128, 256, 4096, CPU).contexts == (128, 256, 512, 1024, 2048, 4096)
+
+
 def test_a_decode_step_launches_over_the_smallest_bucket_that_keeps_one_program_per_split() -> None:
     """decode_context: a short step at Qwen3's default 40,960-token context launches the decode kernel
     over the smallest bucket holding its longest sequence, as at max_model_len 2048, while that grid keeps
     one program per split; past that over max_model_len (one bounded grid for every longer bucket). On
     the CPU the wrapper counts 4 SMs: one program per split up to 124 x 4 = 496 programs; 128-key splits
     up to 64 sequences, 512-key ones beyond."""
-    backend = PagedAttention(16, 8, 128, max_num_seqs=256, max_model_len=40960, device=torch.device("cpu"))
+    backend = PagedAttention(16, 8, 128, max_num_seqs=256, max_model_len=40960, device=CPU, smallest_context=2048)
     assert backend.decode_context(1, 300) == 2048  # 16 splits x 8 KV heads: 128 programs
     assert backend.decode_context(1, 2049) == 4096  # 32 x 8 = 256
     assert backend.decode_context(1, 5000) == 40960  # 64 x 8 = 512 > 496: the bounded grid
@@ -105,7 +113,7 @@ def test_a_decode_step_launches_over_the_smallest_bucket_that_keeps_one_program_
     assert backend.decode_context(PACKED_DECODE_MIN_SEQS + 1, 300) == 40960  # packed rows: no decode kernel
     assert backend.graph_contexts(1) == (2048, 4096, 40960)
     assert backend.graph_contexts(4) == (40960,)
-    invariant = PagedAttention(16, 8, 128, 256, 40960, torch.device("cpu"), batch_invariant=True)
+    invariant = PagedAttention(16, 8, 128, 256, 40960, CPU, batch_invariant=True, smallest_context=2048)
     assert invariant.graph_contexts(1) == (40960,)  # every step runs the prefill kernel
 
 
@@ -113,7 +121,7 @@ def test_a_decode_step_launches_over_the_smallest_bucket_that_keeps_one_program_
 def test_every_decode_context_holds_the_step_and_has_a_graph(max_model_len: int) -> None:
     """For every graph batch size and longest sequence, the bound holds the sequence and a graph of that
     (size, bound) is captured: a replay never finds its graph missing or reads past its grid."""
-    backend = PagedAttention(16, 8, 128, max_num_seqs=256, max_model_len=max_model_len, device=torch.device("cpu"))
+    backend = PagedAttention(16, 8, 128, max_num_seqs=256, max_model_len=max_model_len, device=CPU)
     lengths = sorted({1, 2, 2047, 2048, 2049, max_model_len - 1, max_model_len} - {0})
     for size in graph_batch_sizes(256):
         graphs = backend.graph_contexts(size)
