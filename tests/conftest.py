@@ -9,12 +9,17 @@ import torch
 
 from reference.engine import ReferenceEngine
 from spec.engine_config import EngineConfig
-from twinfer.models.tiny_model import write_tiny_model
+from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
+
+# The tests' model: the built-in tiny shape with two layers, not three. Through Triton's interpreter a
+# step's cost goes by layers (each layer's kernels run program by program in Python), and two layers
+# still tell each layer's weights, KV cache and block tables apart.
+TEST_SHAPE = TinyModelShape(num_hidden_layers=2)
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("tiny-qwen3") / "seed0", seed=0)
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-qwen3") / "seed0", seed=0, shape=TEST_SHAPE)
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,9 @@ fp32) against the reference engine and transformers: identical greedy tokens and
 1e-4 on the differential cases, with the scheduling decisions (plans, prefix hits, preemptions)
 identical to the reference's.
 
-Sequences are short (16 new tokens): the interpreter costs about a second per decode step of the
-tiny model. Longer runs, bf16 and the 0.6B shape run on the GPU (tests/test_fast_gpu.py).
+Sequences are short (8 new tokens: every prompt's decode still crosses a block boundary): the
+interpreter costs about a second per decode step of the tiny model. Longer runs, bf16 and the 0.6B
+shape run on the GPU (tests/test_fast_gpu.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
 
 pytestmark = pytest.mark.differential
 
-MAX_NEW_TOKENS = 16
+MAX_NEW_TOKENS = 8
 TOP_K = 5
 BLOCK_SIZE = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True, logprobs=TOP_K)
@@ -124,7 +125,7 @@ def test_chunked_prefill_forced_by_a_small_budget(twins, hf_traces) -> None:
 
 
 def test_preemption_forced_by_a_small_pool(twins, hf_traces) -> None:
-    # 7 blocks of 8 = 56 slots for prompts of 8, 9 and 27 tokens growing by 16 each.
+    # 7 blocks of 8 = 56 slots for prompts of 8, 9 and 27 tokens growing by 8 each (68 in all).
     fast, reference = twins(block_size=BLOCK_SIZE, num_blocks=7)
     prompts = MIXED_PROMPTS[1:]
     fast_outputs, reference_outputs, plans = run_twins(fast, reference, prompts)

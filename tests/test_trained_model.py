@@ -36,7 +36,7 @@ def trained():
     return config, load_state_dict(checkpoint, config, torch.float32), hf, prompts
 
 
-@pytest.mark.parametrize("engine_name, max_tokens", [("reference", 48), ("fast", 12)])
+@pytest.mark.parametrize("engine_name, max_tokens", [("reference", 48), ("fast", 8)])
 def test_trained_model_agrees_with_transformers(trained, engine_name: str, max_tokens: int) -> None:
     config, state_dict, hf, prompts = trained
     engine = build_engine(engine_name, config, state_dict, EngineConfig(block_size=16, num_blocks=64))
