@@ -158,7 +158,8 @@ def test_a_server_with_one_perturbed_logit_fails_its_cells(tiny_weights, tiny_ch
         for mode in MODES:
             cell = cells[(baseline, "float32", mode)]
             assert cell.status is Status.FAILED, (cell.id, cell.detail)
-            assert cell.num_disagreements > 0 and cell.max_logprob_error > PERTURBATION / 100
+            # Beyond the fp32 rule's 1e-4: how far beyond depends on the perturbed token's probability.
+            assert cell.num_disagreements > 0 and cell.max_logprob_error > 1e-4
     assert section.status is Status.FAILED
     # Queried once whatever the dtype: one free-running and one echo request per prompt.
     assert len(calls) == 2 * len(section.prompts)

@@ -83,7 +83,7 @@ def _prefill_cases(draw: st.DrawFn, max_blocks: int, block_sizes: list[int]) -> 
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
-@kernel_settings(cpu_examples=25)
+@kernel_settings(cpu_examples=15)
 @given(case=_prefill_cases(max_blocks=4, block_sizes=[16, 32]), tiles=st.sampled_from([(16, 16), (32, 16), (16, 32)]))
 def test_prefill_matches_reference_small(dtype: torch.dtype, case: dict, tiles: tuple[int, int]) -> None:
     _run_case(head_dim=64, dtype=dtype, block_m=tiles[0], block_n=tiles[1], **case)
