@@ -555,6 +555,18 @@ def test_batch_invariant_cost_of_the_committed_records() -> None:
     assert costs["offline-256"].settings == "--max-num-seqs 256 --max-num-batched-tokens 8192 --max-model-len 2048"
 
 
+def test_a_cost_is_taken_against_the_median_of_several_runs_with_the_setting_off() -> None:
+    """Two no-flag offline-256 runs of one commit (21,400 and 22,828 tok/s, bench/defaults_f76b950/) beside
+    one in batch-invariant mode (20,517): the cost is against their median, 22,114 (7.2%), not either run."""
+    run = RESULTS / "bench" / "defaults_f76b950"
+    names = ("offline-256-defaults-1.json", "offline-256-defaults-2.json", "offline-256-batch-invariant.json")
+    records = [BenchRecord(json.loads((run / name).read_text()), str(run / name)) for name in names]
+    (cost,) = speed_from_records(records).costs
+    assert round(cost.off) == 22114 and round(cost.on) == 20517
+    assert cost.cost_percent == pytest.approx(7.22, abs=0.01)
+    assert len(cost.records) == 3
+
+
 def _key_paths(value: object, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
     """Every key path of a JSON value (list items as "[]"), stopping at the engine settings (given and
     resolved): their keys are EngineConfig's fields, data rather than format."""

@@ -3,11 +3,14 @@
 Two records pair up when they measured the same workload (at the same scale) on the same shape,
 dtype, commit and GPU with the same twinfer engine, and their given engine settings are the same
 but for the setting, which one ran with on and the other off (the records' resolved configs say
-which). Each figure of the workload then gives one cost: how much worse it is with the setting on.
+which). Each figure of the workload then gives one cost: how much worse it is with the setting on
+than the median of the records with it off (several runs of one setting: run-to-run noise is 6-10%
+on the H200, so one of them alone could make the cost look smaller or larger than it is).
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,9 +27,9 @@ def setting_costs(records: Sequence[BenchRecord]) -> list[SettingCost]:
         for on in records:
             if on.setting_in_effect(setting) is not True:
                 continue
-            off = next((other for other in records if _differ_only_in(setting, on, other)), None)
-            if off is not None:
-                costs.extend(_costs(setting, on, off))
+            offs = [other for other in records if _differ_only_in(setting, on, other)]
+            if offs:
+                costs.extend(_costs(setting, on, offs))
     return costs
 
 
@@ -54,17 +57,21 @@ def _without(settings: dict[str, Any], name: str) -> dict[str, Any]:
     return {key: value for key, value in settings.items() if key != name}
 
 
-def _costs(setting: str, on: BenchRecord, off: BenchRecord) -> list[SettingCost]:
-    off_phases = {phase["phase"]: phase["metrics"] for phase in off.twinfer_result["phases"]}
+def _costs(setting: str, on: BenchRecord, offs: Sequence[BenchRecord]) -> list[SettingCost]:
     costs = []
     for phase in on.twinfer_result["phases"]:
-        if phase["phase"] not in off_phases:
-            continue
+        off_metrics = [
+            off_phase["metrics"]
+            for off in offs
+            for off_phase in off.twinfer_result["phases"]
+            if off_phase["phase"] == phase["phase"]
+        ]
         for metric in workload_metrics(on.workload):
             on_value = shown_value(phase["metrics"], metric)
-            off_value = shown_value(off_phases[phase["phase"]], metric)
-            if not on_value or not off_value:
+            off_values = [value for value in (shown_value(metrics, metric) for metrics in off_metrics) if value]
+            if not on_value or not off_values:
                 continue
+            off_value = statistics.median(off_values)
             costs.append(
                 SettingCost(
                     setting=setting,
@@ -81,7 +88,7 @@ def _costs(setting: str, on: BenchRecord, off: BenchRecord) -> list[SettingCost]
                     cost_percent=percent_worse(on_value, off_value, metric),
                     commit=on.commit,
                     gpu=on.gpu,
-                    records=tuple(record.source for record in (on, off) if record.source),
+                    records=tuple(record.source for record in (on, *offs) if record.source),
                 )
             )
     return costs
