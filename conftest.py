@@ -26,11 +26,47 @@ import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 
+
+def list_interpreter_builtins_once() -> None:
+    """Make Triton's interpreter list triton.language's builtins once instead of at every call.
+
+    Before each kernel program and each call of a nested @triton.jit function, the interpreter swaps
+    triton.language's builtins for its numpy versions (`_patch_builtin`), finding them with
+    inspect.getmembers over the whole module: about a fifth of a fast-engine test's CPU time (0.69 s
+    against 0.89 s a decode step of the test model, measured with process_time). Which names are
+    builtins never changes, so they are listed once per module here; each is still checked and
+    swapped at every call, exactly as before. Where the interpreter has no `_patch_builtin` (another
+    Triton version), nothing is changed.
+    """
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_builtin", None)
+    patch_attr = getattr(interpreter, "_patch_attr", None)
+    if original is None or patch_attr is None:
+        return
+    builtin_names: dict[int, list[str]] = {}
+
+    def patch_builtin(pkg, builder, scope) -> None:
+        names = builtin_names.get(id(pkg))
+        if names is None:
+            names = builtin_names[id(pkg)] = [n for n, m in inspect.getmembers(pkg) if tl.core.is_builtin(m)]
+        for name in names:
+            member = getattr(pkg, name)
+            if tl.core.is_builtin(member):
+                patch_attr(pkg, name, member, builder, scope)
+
+    interpreter._patch_builtin = patch_builtin
+
+
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     # The test models are tiny: extra intra-op threads only add contention (a 64x128 matmul was
     # 100x slower with 2 threads than with 1 on the 2-core CI machine).
     torch.set_num_threads(1)
+    list_interpreter_builtins_once()
 else:
     # pytest-xdist runs one worker per core (addopts: -n auto): each worker's CPU work (the reference engine,
     # transformers) gets its share of the cores instead of every worker starting one thread per core.

@@ -17,6 +17,11 @@ Flash-decoding in two launches:
      each split's normalised partial output and its log-sum-exp into fp32 workspaces.
   2. `_decode_reduce_kernel`, grid (num_seqs, num_q_heads): rescales the sequence's splits'
      partial outputs by exp(lse_split - lse_max), sums them and divides by the weights' sum.
+     Where max_seq_len fits one split the split kernel writes the output itself (WRITE_OUT) and this
+     launch is skipped: with one split the reduction multiplies by exp2(0) = 1 and divides by 1, so the
+     bits are the same (tests/fast/kernels/test_decode_attention.py). Triton's interpreter runs every program
+     in Python, and the CPU's decode context buckets start at one split (fast/attention.py), so the
+     engine's CPU tests save a launch per layer and step.
 
 The number of splits comes from `max_seq_len`, a host-known bound (e.g. the model's
 maximum context), never from seq_lens' values: no device sync, and the launch shapes stay
@@ -82,8 +87,11 @@ def _decode_split_kernel(
     seq_lens_ptr,
     partial_out_ptr,
     partial_lse_ptr,
+    out_ptr,
     q_seq_stride,
     q_head_stride,
+    out_seq_stride,
+    out_head_stride,
     block_table_stride,
     num_kv_heads,
     group_size,
@@ -96,6 +104,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     LOOP_SPLITS: tl.constexpr,  # grid_splits < num_splits: a program may take several splits
+    WRITE_OUT: tl.constexpr,  # num_splits == 1: the output is written here, and no reduction runs
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
@@ -114,17 +123,19 @@ def _decode_split_kernel(
     # kernel is slower even for programs of one split (see ONE_PROGRAM_PER_SPLIT_MAX_PER_SM), so the
     # wrapper keeps one program per split, and no loop, wherever that grid stays small.
     _attend_split(
-        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, q_seq_stride,
-        q_head_stride, block_table_stride, num_kv_heads, group_size, split_size, num_splits, scale_log2,
-        seq, kv_head, first_split, seq_len, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, BLOCK_N, DOT_PRECISION,
+        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, out_ptr, q_seq_stride,
+        q_head_stride, out_seq_stride, out_head_stride, block_table_stride, num_kv_heads, group_size, split_size,
+        num_splits, scale_log2, seq, kv_head, first_split, seq_len, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, BLOCK_N,
+        DOT_PRECISION, WRITE_OUT,
     )  # fmt: skip
     if LOOP_SPLITS:
         grid_splits = tl.num_programs(2)
         for split in range(first_split + grid_splits, num_used, grid_splits):
             _attend_split(
-                q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, q_seq_stride,
-                q_head_stride, block_table_stride, num_kv_heads, group_size, split_size, num_splits, scale_log2,
-                seq, kv_head, split, seq_len, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, BLOCK_N, DOT_PRECISION,
+                q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, out_ptr,
+                q_seq_stride, q_head_stride, out_seq_stride, out_head_stride, block_table_stride, num_kv_heads,
+                group_size, split_size, num_splits, scale_log2, seq, kv_head, split, seq_len, HEAD_DIM, BLOCK_SIZE,
+                BLOCK_GROUP, BLOCK_N, DOT_PRECISION, False,
             )  # fmt: skip
 
 
@@ -136,8 +147,11 @@ def _attend_split(
     block_tables_ptr,
     partial_out_ptr,
     partial_lse_ptr,
+    out_ptr,
     q_seq_stride,
     q_head_stride,
+    out_seq_stride,
+    out_head_stride,
     block_table_stride,
     num_kv_heads,
     group_size,
@@ -153,9 +167,11 @@ def _attend_split(
     BLOCK_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WRITE_OUT: tl.constexpr,
 ):
     """One split of one sequence and KV head, for all the query heads of its group: keys
-    [split * split_size, min((split + 1) * split_size, seq_len)), at least one of them."""
+    [split * split_size, min((split + 1) * split_size, seq_len)), at least one of them. WRITE_OUT (one
+    split in all): the normalised output goes straight to out."""
     split_start = split * split_size
     split_end = tl.minimum(split_start + split_size, seq_len)
 
@@ -209,11 +225,16 @@ def _attend_split(
     lse = row_max + tl.log2(row_sum)
     partial = acc / row_sum[:, None]
 
-    # Workspace index: ((seq * num_q_heads + q_head) * num_splits + split).
-    num_q_heads = num_kv_heads * group_size
-    lse_index = (seq.to(tl.int64) * num_q_heads + q_heads) * num_splits + split
-    tl.store(partial_lse_ptr + lse_index, lse, mask=row_valid)
-    tl.store(partial_out_ptr + lse_index[:, None] * HEAD_DIM + dims[None, :], partial, mask=row_valid[:, None])
+    if WRITE_OUT:
+        # One split: the reduction would weigh it by exp2(0) = 1 and divide by 1, so this is its result.
+        out_offsets = seq.to(tl.int64) * out_seq_stride + q_heads[:, None] * out_head_stride + dims[None, :]
+        tl.store(out_ptr + out_offsets, partial.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+    else:
+        # Workspace index: ((seq * num_q_heads + q_head) * num_splits + split).
+        num_q_heads = num_kv_heads * group_size
+        lse_index = (seq.to(tl.int64) * num_q_heads + q_heads) * num_splits + split
+        tl.store(partial_lse_ptr + lse_index, lse, mask=row_valid)
+        tl.store(partial_out_ptr + lse_index[:, None] * HEAD_DIM + dims[None, :], partial, mask=row_valid[:, None])
 
 
 @triton.jit
@@ -382,8 +403,11 @@ def decode_attention(
         seq_lens,
         partial_out,
         partial_lse,
+        out,
         q.stride(0),
         q.stride(1),
+        out.stride(0),
+        out.stride(1),
         block_tables.stride(0),
         num_kv_heads,
         group_size,
@@ -398,11 +422,14 @@ def decode_attention(
         # fp32 inputs: full-precision dot (Triton's default would be tf32 on GPUs).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         LOOP_SPLITS=grid_splits < num_splits,
+        WRITE_OUT=num_splits == 1,
         USE_PDL=pdl,
         launch_pdl=pdl,
         num_warps=num_warps,
         num_stages=num_stages,
     )
+    if num_splits == 1:
+        return out
     _decode_reduce_kernel[(num_seqs, num_q_heads)](
         partial_out,
         partial_lse,
