@@ -1,4 +1,4 @@
-"""The kernel checks: tests/kernels (every Triton kernel against a float64 torch reference) run in a
+"""The kernel checks: tests/fast/kernels (every Triton kernel against a float64 torch reference) run in a
 subprocess, summarised per test file. On the CPU the kernels run through Triton's interpreter and
 the GPU-only cases are skipped; the page says how many."""
 
@@ -13,7 +13,7 @@ from tqdm import tqdm
 from reports.report.pytest_runs import ERROR, FAILED, PASSED, REPO_ROOT, SKIPPED, PytestRun, run_pytest
 from reports.report.records import KernelSection, PytestFailure, PytestFileSummary, Status
 
-KERNEL_TESTS = "tests/kernels"
+KERNEL_TESTS = "tests/fast/kernels"
 TIMEOUT_S = 1800.0
 MAX_LISTED_FAILURES = 20
 

@@ -107,7 +107,7 @@ def _outcome(case: ElementTree.Element) -> TestOutcome:
 
 
 def _module_path(classname: str) -> str:
-    """`tests.kernels.test_x` (or `tests.kernels.test_x.TestClass`) -> `tests/kernels/test_x.py`."""
+    """`tests.fast.kernels.test_x` (or `tests.fast.kernels.test_x.TestClass`) -> `tests/fast/kernels/test_x.py`."""
     parts = classname.split(".")
     for end in range(len(parts), 0, -1):
         candidate = "/".join(parts[:end]) + ".py"

@@ -192,14 +192,16 @@ def _kernels() -> KernelSection:
     return KernelSection(
         status=Status.FAILED,
         detail="70 passed, 1 failed, 100 skipped",
-        command="python -m pytest -q tests/kernels",
+        command="python -m pytest -q tests/fast/kernels",
         wall_time_s=31.8,
         files=(
-            PytestFileSummary("tests/kernels/test_decode_attention.py", 20, 1, 30, 0),
-            PytestFileSummary("tests/kernels/test_kv_store.py", 50, 0, 70, 0),
+            PytestFileSummary("tests/fast/kernels/test_decode_attention.py", 20, 1, 30, 0),
+            PytestFileSummary("tests/fast/kernels/test_kv_store.py", 50, 0, 70, 0),
         ),
         failures=(
-            PytestFailure("tests/kernels/test_decode_attention.py::test_x[dtype0]", f"AssertionError: {HOSTILE_TOKEN}"),
+            PytestFailure(
+                "tests/fast/kernels/test_decode_attention.py::test_x[dtype0]", f"AssertionError: {HOSTILE_TOKEN}"
+            ),
         ),
     )
 

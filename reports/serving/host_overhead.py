@@ -156,7 +156,7 @@ class HostOnlyFastEngine(FastEngine):
     """FastEngine over StubRunner and StubSampler; every other method is FastEngine's own.
 
     FastEngine.__init__ builds a ModelRunner (weights, KV pool, kernels); this attaches the host side
-    (FastEngine._attach) to the stubs instead (tests/test_host_overhead.py checks the attributes agree).
+    (FastEngine._attach) to the stubs instead (tests/reports/test_host_overhead.py checks the attributes agree).
     """
 
     def __init__(

@@ -5,7 +5,7 @@ identical to the reference's.
 
 Sequences are short (8 new tokens: every prompt's decode still crosses a block boundary): the
 interpreter costs about a second per decode step of the tiny model. Longer runs, bf16 and the 0.6B
-shape run on the GPU (tests/test_fast_gpu.py).
+shape run on the GPU (tests/fast/test_fast_gpu.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ else through Triton's interpreter: tests.engines.FAST_DEVICE):
 - batch-invariant mode never takes it.
 The model's GEMV calls run with wider output tiles than the defaults (BLOCK_N=64: a few programs per
 projection instead of N/2), as the interpreter's time grows with the number of programs; the default
-configurations are checked against torch in tests/kernels/test_gemv.py.
+configurations are checked against torch in tests/fast/kernels/test_gemv.py.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import fast.attention
 from fast.attention import PACKED_DECODE_MIN_SEQS, PagedAttention, StepMetadata
 from fast.cuda_graphs import graph_batch_sizes
 from reports.bench.kernels.kernel_reference import reference_causal_attention
-from tests.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache
-from tests.kernels.strategies import seeded_generator
+from tests.fast.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache
+from tests.fast.kernels.strategies import seeded_generator
 
 NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 2, 32, 16
 SEQ_LENS = [5, 40, 17, 33, 64]

@@ -2,7 +2,7 @@
 
 The fast engine split over 2 ranks against the reference engine and transformers (fp32, tiny
 models): identical greedy tokens and top-5 logprobs within 1e-4, identical scheduling decisions, on
-the differential cases of tests/test_fast_engine.py: a batch of mixed lengths, prefix hits, chunked
+the differential cases of tests/fast/test_fast_engine.py: a batch of mixed lengths, prefix hits, chunked
 prefill and preemption. The models cover a tied Qwen3 (2 KV heads, one per rank) and a Llama with
 one KV head (fewer than ranks: replicated), biases on every projection (row-parallel biases added
 once), an untied LM head and a vocabulary of 383 rows (the second rank's shard padded).
@@ -10,13 +10,13 @@ once), an untied LM head and a vocabulary of 383 rows (the second rank's shard p
 Faults: a size that does not split the model, and weights that a fresh process could not import,
 are ConfigErrors before any process starts; a worker that raises at start-up, or is killed between
 steps or while a step is launched ahead, makes rank 0 raise TensorParallelError naming it, and no
-process stays behind. (tests/test_tp_teardown.py tests the worker processes' machinery alone.)
+process stays behind. (tests/fast/test_tp_teardown.py tests the worker processes' machinery alone.)
 
 Programs of their own: the ranks start from a script on standard input, `python -c` and an
 interactive session, and from the environment as torchrun sets it, each generating the reference's
 tokens. These run in subprocesses on the CPU, so also on a CUDA machine; the tests that run the
 engine in this process need the interpreter here (marker `interpreter`: skipped on a CUDA machine,
-where tests/test_tensor_parallel_gpu.py runs the same cases on NCCL).
+where tests/fast/test_tensor_parallel_gpu.py runs the same cases on NCCL).
 
 Each decode step costs about a second per rank in the interpreter: sequences are short.
 """
@@ -53,7 +53,7 @@ from spec.errors import CheckpointError, ConfigError
 from spec.model_config import ModelConfig
 from spec.sampling_params import SamplingParams
 from tests.engines import FAST_DEVICE, record_plans
-from tests.tp_faults import ExplodingStateDict
+from tests.fast.tp_faults import ExplodingStateDict
 from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
 
 pytestmark = pytest.mark.differential
@@ -64,7 +64,7 @@ BLOCK_SIZE = 4
 MAX_NEW_TOKENS = 4
 TOP_K = 5
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS, ignore_eos=True, logprobs=TOP_K)
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _rng = random.Random(1010)
 

@@ -54,7 +54,7 @@ pytestmark = [
 SMALL, LARGE = SHAPES["qwen3-0.6b"], SHAPES["qwen3-8b"]
 BLOCK_SIZE = 16
 GREEDY_32 = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=5)
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_TIMEOUT_S = 300
 
 

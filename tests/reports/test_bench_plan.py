@@ -12,7 +12,7 @@ import pytest
 
 from reports.bench import plan as plan_runner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _python(code: str, *args: str) -> list[str]:

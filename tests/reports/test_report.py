@@ -51,7 +51,7 @@ REPORT_SECTIONS = (
     "checks",
 )
 COMPARE_SECTIONS = ("summary", "runs", "checks", "figures")
-RESULTS = Path(__file__).resolve().parents[1] / "reports" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "reports" / "results"
 TUNED_FLAGS = "--max-num-seqs 256 --max-num-batched-tokens 8192 --async-scheduling"
 
 
@@ -230,7 +230,7 @@ def _changed_copy(document: dict) -> dict:
     new = copy.deepcopy(document)
     checks = {check["id"]: check for check in new["checks"]}
     checks["correctness/reference-hf/float32/prefix-cache-off/free-running"]["status"] = "failed"
-    checks["kernels/tests/kernels/test_decode_attention.py"]["status"] = "passed"
+    checks["kernels/tests/fast/kernels/test_decode_attention.py"]["status"] = "passed"
     figures = {figure["id"]: figure for figure in new["figures"]}
     figures[f"{SWEEP_BATCH_8}/transformers"]["value"] = 31.0  # 30 ms, spread 0.9: moved
     figures[f"{SWEEP_BATCH_8}/twinfer fast"]["value"] = 1.93  # 1.9 ms, spread 0.057: not moved
@@ -244,7 +244,7 @@ def test_compare_marks_changed_checks_and_figures_beyond_their_spread() -> None:
     changes = {row["id"]: row["change"] for row in comparison["checks"] if row["change"] != "same"}
     assert changes == {
         "correctness/reference-hf/float32/prefix-cache-off/free-running": REGRESSED,
-        "kernels/tests/kernels/test_decode_attention.py": "fixed",
+        "kernels/tests/fast/kernels/test_decode_attention.py": "fixed",
     }
     moved = {row["id"]: row["direction"] for row in comparison["figures"] if row["moved"]}
     assert moved == {
@@ -409,7 +409,7 @@ def test_speed_section_is_not_run_without_a_gpu_and_runs_the_harness_on_the_cpu(
     cpu = torch.device("cpu")
     assert speed_section(SpeedOptions(cpu, ("decode-bs1",))).detail.startswith("not run: no CUDA device")
     # The harness on the CPU: tiny shape, a scaled-down sweep, the reference engine beside transformers.
-    # (Reading what the harness writes is tested on committed records and in tests/test_bench.py.)
+    # (Reading what the harness writes is tested on committed records and in tests/reports/test_bench.py.)
     options = SpeedOptions(
         cpu, ("decode-sweep",), shape="tiny", engine="reference", dtype=torch.float32, scale=0.01, repeats=1,
         allow_cpu=True,
@@ -643,7 +643,7 @@ def test_real_run_on_the_tiny_model_keeps_every_cell(tiny_checkpoint: Path) -> N
 def test_an_engine_that_cannot_run_keeps_its_cells_with_the_reason(tiny_checkpoint: Path) -> None:
     """The fast engine on the CPU runs Triton's interpreter, which has no bfloat16: its cells are kept, not
     run, with that reason, and the summary counts them. (Its fp32 cells would take the interpreter half a
-    minute; the fast engine's agreement with the reference is tested in tests/test_fast_engine.py.)"""
+    minute; the fast engine's agreement with the reference is tested in tests/fast/test_fast_engine.py.)"""
     options = CorrectnessOptions(
         tiny_checkpoint, torch.device("cpu"), (torch.bfloat16,), quick=True, pairs=(("fast", "reference"),),
         features=("chunked-prefill",),

@@ -22,7 +22,7 @@ from reports.report.sample import sample_report
 MIN_COLOURS = 50  # text, tables, status colours and antialiased plot lines
 MIN_INKED_FRACTION = 0.03  # of the pixels differ from the background
 FIRST_SCREEN = (1280, 800)  # a laptop's browser window
-PUBLISHED = Path(__file__).resolve().parents[1] / "reports" / "published" / "h200" / "report.json"
+PUBLISHED = Path(__file__).resolve().parents[2] / "reports" / "published" / "h200" / "report.json"
 SECTIONS = ("correctness", "disagreements", "distributions", "speed", "fuzzing", "kernels", "environment", "checks")
 # What the browser is asked after the page loaded (through DevTools; the page runs no script): where the
 # contents' links are, the window's and the page's height, and the page's height with every <details> open.

@@ -33,7 +33,7 @@ from reports.report import command, workloads
 from reports.report.correctness import CorrectnessOptions, run_correctness
 from reports.report.records import Cell, CorrectnessSection, Status
 from reports.report.schema import validate_report
-from tests.test_endpoint_diff import PERTURBATION, PERTURBED_TOKEN, build_engine, openai_like_stub
+from tests.reports.test_endpoint_diff import PERTURBATION, PERTURBED_TOKEN, build_engine, openai_like_stub
 from twinfer.server.launch import ServerThread, app_for_engine
 
 MODES = workloads.MODES

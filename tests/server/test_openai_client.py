@@ -6,7 +6,7 @@ end quickly) and a small n x max_tokens bound. What it returns is checked agains
 of a second engine over the same weights, and against OpenAI's API reference for the shapes.
 """
 
-# ruff: noqa: F811 -- the module fixtures imported from tests.test_server are the tests' parameters
+# ruff: noqa: F811 -- the module fixtures imported from tests.server.test_server are the tests' parameters
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from reference.engine import ReferenceEngine
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.sampling_params import SamplingParams
-from tests.test_server import MODEL_NAME, chat_checkpoint, codec, direct  # noqa: F401 (module fixtures)
+from tests.server.test_server import MODEL_NAME, chat_checkpoint, codec, direct  # noqa: F401 (module fixtures)
 from twinfer.server.detokenize import TokenizerCodec
 from twinfer.server.launch import ServerThread, app_for_engine
 from twinfer.server.settings import API_KEY_ENV, ServerSettings, api_key_from

@@ -3,7 +3,7 @@ other requests, submitted at any step, with its prompt chunked or served from th
 
 On the GPU where there is one, else the Triton interpreter: tiny Qwen3 in fp32 and fp16; hypothesis
 draws the batches (up to 8 others here: each step through the interpreter costs by the sequence, and
-tests/test_batch_invariant_gpu.py puts the needle among up to 256 others). Outside the mode the same
+tests/fast/test_batch_invariant_gpu.py puts the needle among up to 256 others). Outside the mode the same
 kind of run does differ, which shows the check can fail.
 """
 

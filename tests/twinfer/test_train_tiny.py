@@ -14,7 +14,7 @@ import torch
 from spec.checkpoint import load_model_config, load_state_dict
 from twinfer.models import eval_tiny, train_tiny
 
-COMMITTED = Path(__file__).resolve().parents[1] / "twinfer" / "models" / "stdlib-tiny"
+COMMITTED = Path(__file__).resolve().parents[2] / "twinfer" / "models" / "stdlib-tiny"
 
 # A model small enough to train a few steps in a second or two on one CPU core.
 TINY_TRAINING_ARGS = [

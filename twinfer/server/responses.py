@@ -2,7 +2,7 @@
 
 Stream chunks without logprobs (nearly every event of a busy server) are written straight to JSON
 text by `CompletionChunkText` and `ChatChunkText`, byte for byte what the pydantic models give
-(tests/test_server_throughput.py checks), at a fraction of the cost of building a model per event.
+(tests/server/test_server_throughput.py checks), at a fraction of the cost of building a model per event.
 `with_usage`: the stream asked for usage (stream_options.include_usage), so each chunk carries
 "usage": null, as OpenAI's do, until the last one, which holds the usage.
 """

@@ -6,7 +6,7 @@
 - `decode_splits.py`: the decode kernel's cost against max_seq_len, and its grid sweep.
 - `invariant_attention.py`: batch-invariant mode's attention tiles against the default paths.
 - `invariant_matmul.py`: batch-invariant matmul configurations, bitwise invariance and speed.
-- `kernel_reference.py`: torch references of the kernels, shared with the kernel tests (tests/kernels/).
+- `kernel_reference.py`: torch references of the kernels, shared with the kernel tests (tests/fast/kernels/).
 
 Each runs as `python -m reports.bench.kernels.NAME` (`--help` for its options). Studies whose conclusion
 was "not used" leave this package; their records in reports/results/ name the commit that has the code.

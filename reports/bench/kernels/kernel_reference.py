@@ -1,5 +1,5 @@
 """Torch reference implementations of the fast kernels, and the paged-cache builder, shared by the
-kernel tests (tests/kernels/) and the kernel benchmark (reports/bench/kernels/kernel_bench.py).
+kernel tests (tests/fast/kernels/) and the kernel benchmark (reports/bench/kernels/kernel_bench.py).
 
 The tests call the references in float64 (the default `compute_dtype`) on the same already
 rounded inputs the kernels get, so the only difference left is the kernels' own rounding. The

@@ -11,7 +11,7 @@ import hypothesis.strategies as st
 import torch
 from hypothesis import HealthCheck, settings
 
-from tests.kernels.reference import ON_GPU
+from tests.fast.kernels.reference import ON_GPU
 
 CPU_DTYPES = [torch.float32, torch.float16]
 # bf16 runs only on the GPU (the interpreter cannot do bf16 arithmetic); those cases are marked gpu.

@@ -24,7 +24,7 @@ import torch.multiprocessing as multiprocessing
 
 from fast.kernels.add_rmsnorm import add_rmsnorm
 from fast.kernels.all_reduce_norm import MAX_ROWS, all_reduce_add_rmsnorm
-from tests.kernels.reference import DEVICE
+from tests.fast.kernels.reference import DEVICE
 
 EPS = 1e-6
 

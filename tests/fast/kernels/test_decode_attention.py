@@ -11,8 +11,8 @@ from hypothesis import given
 
 from fast.kernels.decode_attention import decode_attention
 from reports.bench.kernels.kernel_reference import reference_causal_attention
-from tests.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache, poisoned_like
-from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator, sequence_length
+from tests.fast.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache, poisoned_like
+from tests.fast.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator, sequence_length
 
 
 def _run_case(
@@ -227,6 +227,27 @@ def test_decode_result_is_the_same_bits_for_every_grid_split_count(dtype: torch.
     for bound in (70, 71, 128):  # the table holds 5 + 3 blocks of 16 keys
         bounded = decode_attention(*args[:-1], bound, split_size=16, block_n=16)
         assert torch.equal(bounded, results[0]), f"max_seq_len={bound}"
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_one_split_writes_the_output_the_reduction_would(dtype: torch.dtype) -> None:
+    """Where max_seq_len fits one split, the split kernel writes the output itself and no reduction runs
+    (the reduction would weigh the split by exp2(0) = 1 and divide by 1): the same bits as with a larger
+    bound, where a second split exists and the reduction runs over each sequence's one used split."""
+    generator = seeded_generator(12)
+    cache = build_paged_cache([40, 1, 64], 16, 2, 32, dtype, generator, spare_table_columns=4)
+    q = torch.randn((3, 4, 32), generator=generator).to(dtype).to(DEVICE)
+    args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125)
+    one_split = decode_attention(*args, 64, split_size=64, block_n=16)
+    two_splits = decode_attention(*args, 128, split_size=64, block_n=16)
+    assert torch.equal(one_split, two_splits)
+    expected = torch.cat(
+        [
+            reference_causal_attention(q[i : i + 1], k, v, 0.125)
+            for i, (k, v) in enumerate(zip(cache.keys, cache.values, strict=True))
+        ]
+    )
+    assert_close_scaled(one_split, expected, dtype, "one split")
 
 
 def test_decode_grid_keeps_one_program_per_split_unless_the_grid_grows_large() -> None:

@@ -11,8 +11,8 @@ from fast.kernels.add_rmsnorm import add_rmsnorm, rmsnorm
 from fast.kernels.qk_norm_rope import qk_norm_rope_
 from fast.kernels.silu_and_mul import silu_and_mul
 from reports.bench.kernels.kernel_reference import reference_add_rmsnorm, reference_qk_norm_rope, reference_silu_and_mul
-from tests.kernels.reference import DEVICE, assert_close_scaled, build_cos_sin_cache, poisoned_like
-from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
+from tests.fast.kernels.reference import DEVICE, assert_close_scaled, build_cos_sin_cache, poisoned_like
+from tests.fast.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
 
 GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 

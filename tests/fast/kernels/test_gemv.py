@@ -12,8 +12,8 @@ import torch
 
 from fast.kernels.gemv import MAX_GEMV_ROWS, gemv_config, silu_mul_linear, small_batch_linear
 from fast.kernels.silu_and_mul import silu_and_mul
-from tests.kernels.reference import DEVICE, assert_close_scaled, poisoned_like
-from tests.kernels.strategies import CPU_DTYPES, seeded_generator
+from tests.fast.kernels.reference import DEVICE, assert_close_scaled, poisoned_like
+from tests.fast.kernels.strategies import CPU_DTYPES, seeded_generator
 
 # Tiles smaller than the shapes below, so several programs and several K steps run, with tails.
 SMALL_TILES = {"block_n": 8, "block_k": 64}

@@ -12,7 +12,7 @@ import torch
 
 from fast.kernels.gumbel_sample import BLOCK_V, chunk_count, gumbel_sample
 from spec.sampling import gumbel_max, gumbel_noise, row_keys, scale_logits
-from tests.kernels.reference import DEVICE
+from tests.fast.kernels.reference import DEVICE
 
 
 def _rows(count: int, device: torch.device = DEVICE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -14,8 +14,8 @@ import torch
 from fast.kernels.matmul import invariant_linear
 from reports.bench.kernels import invariant_matmul as bench
 from reports.bench.shapes import SHAPES
-from tests.kernels.reference import DEVICE
-from tests.kernels.strategies import seeded_generator
+from tests.fast.kernels.reference import DEVICE
+from tests.fast.kernels.strategies import seeded_generator
 
 
 def test_projection_shapes() -> None:

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given
 
 from fast.kernels.kv_store import store_kv
-from tests.kernels.reference import DEVICE
-from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
+from tests.fast.kernels.reference import DEVICE
+from tests.fast.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
 
 
 def _run_case(

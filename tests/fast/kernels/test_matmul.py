@@ -20,8 +20,8 @@ from fast.kernels.matmul import (
     num_chunks,
     takes_split_path,
 )
-from tests.kernels.reference import DEVICE, assert_close_scaled
-from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
+from tests.fast.kernels.reference import DEVICE, assert_close_scaled
+from tests.fast.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
 
 # Overrides small enough for the interpreter to cross several tiles on tiny shapes. The second and
 # third change only the program order (GROUP_M 0: row tiles fastest; 1: column tiles fastest); the

@@ -14,7 +14,7 @@ from fast.kernels.pdl import check_pdl_device
 from fast.kernels.qk_norm_rope import qk_norm_rope_store_kv_
 from fast.kernels.silu_and_mul import silu_and_mul
 from spec.errors import ConfigError
-from tests.kernels.reference import build_cos_sin_cache
+from tests.fast.kernels.reference import build_cos_sin_cache
 
 
 def test_a_cpu_device_is_refused() -> None:

@@ -12,8 +12,8 @@ from hypothesis import given
 from fast.attention import INVARIANT_BLOCK_M, INVARIANT_BLOCK_N
 from fast.kernels.prefill_attention import prefill_attention
 from reports.bench.kernels.kernel_reference import reference_causal_attention
-from tests.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache, poisoned_like
-from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator, sequence_length
+from tests.fast.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache, poisoned_like
+from tests.fast.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator, sequence_length
 
 
 def _run_case(

@@ -9,8 +9,8 @@ from hypothesis import given
 
 from fast.kernels.kv_store import store_kv
 from fast.kernels.qk_norm_rope import qk_norm_rope_, qk_norm_rope_store_kv_
-from tests.kernels.reference import DEVICE, build_cos_sin_cache
-from tests.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
+from tests.fast.kernels.reference import DEVICE, build_cos_sin_cache
+from tests.fast.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
 
 GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
