@@ -90,3 +90,55 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if marker in item.keywords:
             item.add_marker(skip)
+    if HAS_CUDA:
+        items[:] = gpu_tests_first_on_every_worker(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+def gpu_tests_first_on_every_worker(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """The collection reordered so that each pytest-xdist worker starts with its share of the `gpu` tests.
+
+    worksteal hands worker k the k-th contiguous slice of the collection (sizes remaining // workers left),
+    and the GPU tests sit together at the end of tests/fast/: the longest of them (a minute or more each at
+    the 0.6B shape) then ran last, on the one worker whose slice held them, after every other worker was
+    done (the whole suite on one H200 was still running them at 450 s). Dealt round-robin to the front of
+    every slice, they start at once, side by side. Every worker computes the same order."""
+    if workers <= 1:
+        return items
+    gpu = [item for item in items if "gpu" in item.keywords]
+    rest = [item for item in items if "gpu" not in item.keywords]
+    ordered: list[pytest.Item] = []
+    remaining = len(items)
+    for worker in range(workers):
+        size = remaining // (workers - worker)
+        remaining -= size
+        share = gpu[worker::workers][:size]
+        ordered += share
+        ordered += rest[: size - len(share)]
+        del rest[: size - len(share)]
+    placed = set(ordered)
+    return ordered + [item for item in gpu if item not in placed] + rest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):
+    """On CUDA, each test gives back the memory its process's caching allocator keeps. The fast engine sizes
+    its pool from the device's free memory (and checks a requested pool against it), and seven other pytest
+    workers share the GPU: memory one worker's finished tests still held counted as used for every other
+    worker's engines."""
+    result = yield  # the test's fixtures are torn down first
+    if HAS_CUDA:
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+    return result
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With TWINFER_FAILURE_LOG set, each failure's traceback is appended to that file as it happens: a run
+    stopped at its time limit (a device call) still says why what failed before that failed. (With -v,
+    pytest prints tracebacks only at the end of the session.)"""
+    path = os.environ.get("TWINFER_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")

@@ -181,8 +181,10 @@ def test_prefix_caching_on_and_off_give_identical_fp32_tokens(fp32_weights) -> N
 
 
 def test_kv_cache_canaries_survive_a_graph_step(fp32_weights) -> None:
-    """Only the slots a step addresses change; the padding block and every other slot keep a canary."""
-    fast = engine("fast", fp32_weights, num_blocks=64)
+    """Only the slots a step addresses change; the padding block and every other slot keep a canary. Step by
+    step: with async scheduling a step() returns while the next one is already launched, which would write
+    its KV before the canaries are laid."""
+    fast = engine("fast", fp32_weights, num_blocks=64, async_scheduling=False)
     cache = fast.runner.cache
     prompts = prompts_of([5, 9, 21], seed=7)
     for prompt in prompts:

@@ -640,6 +640,7 @@ def test_real_run_on_the_tiny_model_keeps_every_cell(tiny_checkpoint: Path) -> N
     assert_self_contained(page)
 
 
+@pytest.mark.interpreter
 def test_an_engine_that_cannot_run_keeps_its_cells_with_the_reason(tiny_checkpoint: Path) -> None:
     """The fast engine on the CPU runs Triton's interpreter, which has no bfloat16: its cells are kept, not
     run, with that reason, and the summary counts them. (Its fp32 cells would take the interpreter half a
