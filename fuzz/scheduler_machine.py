@@ -38,7 +38,7 @@ from fuzz.workload import (
     GENERATED_ALPHABET,
     RequestScript,
     expected_completion,
-    fake_model,
+    fake_model_step,
     is_servable,
     workload_step_bound,
 )
@@ -46,6 +46,7 @@ from spec.engine_config import EngineConfig
 from spec.invariants import ALL_INVARIANTS, InvariantMonitor, SchedulerSnapshot
 from spec.request import FinishReason, Request
 from spec.scheduling import StepPlan
+from spec.speculative import SpeculativeConfig
 
 # InvariantMonitor.observe checks every spec invariant but finishes-exactly-once (fed separately).
 INVARIANTS_PER_OBSERVE = len(ALL_INVARIANTS) - 1
@@ -67,6 +68,19 @@ def engine_configs(draw: st.DrawFn) -> EngineConfig:
         max_num_batched_tokens=draw(st.integers(1, 24), label="max_num_batched_tokens"),
         max_model_len=max_model_len,
         enable_prefix_caching=draw(st.booleans().map(lambda disabled: not disabled), label="enable_prefix_caching"),
+        speculative=draw(st.none() | speculative_configs(), label="speculative"),
+    )
+
+
+@st.composite
+def speculative_configs(draw: st.DrawFn) -> SpeculativeConfig:
+    """Prompt lookup over the fake model's few symbols: drafts that agree with it, and drafts that do not."""
+    ngram_max = draw(st.integers(1, 3), label="ngram_max")
+    return SpeculativeConfig(
+        "ngram",
+        draw(st.integers(1, 4), label="num_speculative_tokens"),
+        ngram_min=draw(st.integers(1, ngram_max), label="ngram_min"),
+        ngram_max=ngram_max,
     )
 
 
@@ -85,6 +99,7 @@ class RequestDraft:
     ignore_eos: bool
     stop_token_ids: tuple[int, ...]
     eos_at_output_index: int | None
+    period: int | None
 
     def script(self, request_id: str) -> RequestScript:
         return RequestScript(
@@ -94,6 +109,7 @@ class RequestDraft:
             ignore_eos=self.ignore_eos,
             stop_token_ids=self.stop_token_ids,
             eos_at_output_index=self.eos_at_output_index,
+            period=self.period,
         )
 
 
@@ -123,6 +139,7 @@ def request_drafts(draw: st.DrawFn) -> RequestDraft:
         ignore_eos=draw(st.booleans()),
         stop_token_ids=(pick(draw, GENERATED_ALPHABET),) if draw(st.booleans()) else (),
         eos_at_output_index=draw(st.integers(0, max_tokens - 1)) if draw(st.booleans()) else None,
+        period=draw(st.none() | st.integers(1, 3), label="period"),
     )
 
 
@@ -219,7 +236,7 @@ class SchedulerMachine(CountedMachine):
             plan = twin.scheduler.schedule()
             after_schedule.append(twin.scheduler.snapshot())
             self._observe(twin, after_schedule[-1], plan)
-            sampled = fake_model(_sampling_positions(plan), self.scripts)
+            sampled = fake_model_step(plan, self.scripts)
             finished = twin.scheduler.update(plan, sampled)
             for request in finished:
                 self._came_back(twin, request)
@@ -346,9 +363,7 @@ class SchedulerMachine(CountedMachine):
     ) -> None:
         assert self.oracle is not None
         expected_plan = self.oracle.schedule()
-        expected_finished = self.oracle.update(
-            expected_plan, fake_model(_sampling_positions(expected_plan), self.scripts)
-        )
+        expected_finished = self.oracle.update(expected_plan, fake_model_step(expected_plan, self.scripts))
         for twin, plan, finished in zip(self.twins, plans, finished_by_twin, strict=True):
             if plan != expected_plan:
                 raise violated(
@@ -402,11 +417,14 @@ class SchedulerMachine(CountedMachine):
         stats.bump(self.stats_label, "admissions_with_prefix_hit", hits)
         if not plan.chunks and snapshot.waiting:
             stats.bump(self.stats_label, "steps_blocked")
-
-
-def _sampling_positions(plan: StepPlan) -> dict[str, int]:
-    """Request id -> position of the token a sampling chunk produces."""
-    return {chunk.request_id: chunk.start + chunk.num_tokens for chunk in plan.chunks if chunk.samples}
+        verify = [chunk for chunk in plan.chunks if chunk.draft_token_ids]
+        if verify:
+            stats.bump(self.stats_label, "verify_chunks", len(verify))
+            sampled = fake_model_step(StepPlan(tuple(verify), (), ()), self.scripts)
+            appended = sum(len(sampled[chunk.request_id]) for chunk in verify)
+            drafted = sum(len(chunk.draft_token_ids) for chunk in verify)
+            stats.bump(self.stats_label, "draft_tokens_accepted", appended - len(verify))
+            stats.bump(self.stats_label, "draft_tokens_rejected", drafted - (appended - len(verify)))
 
 
 def scheduler_machine(

@@ -22,6 +22,9 @@ REQUIRED_SITUATIONS = (
     "finished_length",
     "finished_abort",
     "implementation_comparisons",
+    "verify_chunks",
+    "draft_tokens_accepted",
+    "draft_tokens_rejected",
 )
 
 
