@@ -49,6 +49,7 @@ from spec.request import (
 from spec.sampling import SamplingRow
 from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
+from spec.speculative import DRAFT_MODEL, DraftModelProposer, DraftProposer, check_draft_vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class FastEngine(ScheduledEngine):
         """The host side over a built runner: the scheduler, the sampler, step timings, the request table."""
         self.runner = runner
         self.config = runner.config
-        self.scheduler = Scheduler(self.config, self.model_config.eos_token_ids)
+        self.scheduler = Scheduler(self.config, self.model_config.eos_token_ids, proposer=self._draft_model_proposer())
         self.sampler = sampler
         self.step_timings = StepTimings()
         self._execute_s = 0.0  # the current step's time in execute(), to split out scheduling time
@@ -125,6 +126,21 @@ class FastEngine(ScheduledEngine):
         # Rows of a step's logits picked on the device (prompt-logprob steps): at most one per token.
         self._logit_rows = RowUpload(runner.inputs.max_num_tokens, runner.device)
         self._init_requests()
+
+    def _draft_model_proposer(self) -> DraftProposer | None:
+        """speculative method "draft-model": the draft checkpoint in a fast engine of its own, on this device,
+        with this engine's pool size (on CUDA it must fit beside this engine's pool: give num_blocks, or a
+        lower gpu_memory_utilization, to leave it room). None otherwise (the scheduler builds prompt lookup)."""
+        speculative = self.config.speculative
+        if speculative is None or speculative.method != DRAFT_MODEL:
+            return None
+        if self.tensor_parallel is not None:
+            raise ConfigError("speculative method 'draft-model' runs on one device: not with tensor parallelism")
+        draft = FastEngine.from_pretrained(
+            speculative.draft_model, self.config.for_draft_model(), self.dtype, self.device
+        )
+        check_draft_vocabulary(draft.model_config.vocab_size, self.model_config.vocab_size, speculative.draft_model)
+        return DraftModelProposer(draft)
 
     @classmethod
     def from_pretrained(

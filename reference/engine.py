@@ -17,6 +17,7 @@ from spec.model_config import ModelConfig
 from spec.request import FinishLimits, Request, prompt_logprob_positions
 from spec.sampling import SamplingRow, sample_tokens
 from spec.scheduling import StepPlan, slot_of
+from spec.speculative import DRAFT_MODEL, DraftModelProposer, DraftProposer, check_draft_vocabulary
 
 
 class ReferenceEngine(ScheduledEngine):
@@ -52,8 +53,20 @@ class ReferenceEngine(ScheduledEngine):
             dtype=dtype,
             device=self.device,
         )
-        self.scheduler = Scheduler(self.config, model_config.eos_token_ids)
+        self.scheduler = Scheduler(self.config, model_config.eos_token_ids, proposer=self._draft_model_proposer())
         self._init_requests()
+
+    def _draft_model_proposer(self) -> DraftProposer | None:
+        """speculative method "draft-model": the draft checkpoint in a reference engine of its own. None
+        otherwise (the scheduler builds prompt lookup itself)."""
+        speculative = self.config.speculative
+        if speculative is None or speculative.method != DRAFT_MODEL:
+            return None
+        draft = ReferenceEngine.from_pretrained(
+            speculative.draft_model, self.config.for_draft_model(), self.dtype, self.device
+        )
+        check_draft_vocabulary(draft.model_config.vocab_size, self.model_config.vocab_size, speculative.draft_model)
+        return DraftModelProposer(draft)
 
     @classmethod
     def from_pretrained(

@@ -162,6 +162,14 @@ class EngineConfig:
             async_scheduling=_given_or(self.async_scheduling, batches.async_scheduling and self.speculative is None),
         )
 
+    def for_draft_model(self) -> EngineConfig:
+        """The settings of the engine that runs a draft model (spec.speculative.DraftModelProposer) for an
+        engine with these (resolved) settings: the same block size, pool size, batch limits, context and
+        batch-invariant mode, on one device, with no speculation of its own and no invariant checks."""
+        return replace(
+            self, speculative=None, check_invariants=False, tensor_parallel_size=1, fused_all_reduce_norm=False
+        )
+
     @property
     def pool_blocks(self) -> int:
         if self.num_blocks is None:

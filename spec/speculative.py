@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from spec.errors import ConfigError
+from spec.sampling_params import SamplingParams
 
 NGRAM = "ngram"
 DRAFT_MODEL = "draft-model"
@@ -143,6 +144,35 @@ def accepted_tokens(
         if token in stop_token_ids:
             return tokens[: index + 1]
     return tokens
+
+
+class GreedyGenerator(Protocol):
+    """What a draft model's engine must do for `DraftModelProposer` (spec.engine.Engine has it)."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> list: ...
+
+
+@dataclass(frozen=True)
+class DraftModelProposer:
+    """The draft model's greedy continuation, from an engine of the target's kind over the draft checkpoint
+    (with its own KV pool and prefix cache: each step's proposal recomputes only the request's new tokens).
+
+    Greedy decoding is prefix-consistent: asked for fewer tokens, it proposes the first of them."""
+
+    engine: GreedyGenerator
+
+    def propose(self, token_ids: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> list[tuple[int, ...]]:
+        params = [SamplingParams(temperature=0.0, max_tokens=limit, ignore_eos=True) for limit in max_tokens]
+        return [tuple(output.token_ids) for output in self.engine.generate([list(t) for t in token_ids], params)]
+
+
+def check_draft_vocabulary(draft_vocab_size: int, target_vocab_size: int, draft_model: str) -> None:
+    """A draft model must share the target's tokenizer: at least the same vocabulary size."""
+    if draft_vocab_size != target_vocab_size:
+        raise ConfigError(
+            f"draft model {draft_model!r} has a vocabulary of {draft_vocab_size} tokens, the target "
+            f"{target_vocab_size}: a draft model must share the target's tokenizer"
+        )
 
 
 def make_ngram_proposer(config: SpeculativeConfig) -> NgramProposer:

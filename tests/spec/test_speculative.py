@@ -10,6 +10,7 @@ mode, where they must be bitwise equal, on a couple of cases (the Triton interpr
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from spec.sampling_params import SamplingParams
 from spec.speculative import SpeculativeConfig, accepted_tokens, draft_limit, propose_ngram
 from tests.engines import ENGINE_NAMES, build_engine, record_plans
 from tests.spec.speculation import PlantedDrafts, assert_same_outputs, spy_verifies
+from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
 
 FP32_RULE = 1e-4
 
@@ -193,3 +195,45 @@ def test_prompt_lookup_end_to_end(tiny_weights) -> None:
     speculative, plain, log, _ = run_both("reference", tiny_weights, prompts, params, k=3, planted=False)
     assert_same_outputs(speculative, plain, FP32_RULE)
     assert log.verifies, "prompt lookup proposed nothing"
+
+
+# -- draft models ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def draft_checkpoints(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) -> dict[str, Path]:
+    """Drafts of the test model's family: the model itself (its greedy drafts agree where the target is
+    greedy), a smaller one of another seed (mostly wrong), and one with another vocabulary (refused)."""
+    root = tmp_path_factory.mktemp("drafts")
+    return {
+        "itself": tiny_checkpoint,
+        "smaller": write_tiny_model(root / "small", seed=1, shape=TinyModelShape(num_hidden_layers=1)),
+        "other-vocabulary": write_tiny_model(
+            root / "vocab", seed=1, shape=TinyModelShape(num_hidden_layers=1, tokenizer_vocab_size=256)
+        ),
+    }
+
+
+@pytest.mark.differential
+@pytest.mark.parametrize("draft", ["itself", "smaller"])
+def test_draft_model_changes_no_output(tiny_weights, draft_checkpoints, draft: str) -> None:
+    random_prompt = prompt_maker(6)
+    prompts = [random_prompt(7), random_prompt(12)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=1.0, top_p=0.9, seed=4, max_tokens=12, ignore_eos=True, logprobs=1),
+    ]
+    plain = make_engine("reference", tiny_weights).generate(prompts, params)
+    speculative_config = SpeculativeConfig("draft-model", 3, draft_model=str(draft_checkpoints[draft]))
+    engine = make_engine("reference", tiny_weights, speculative_config)
+    log = spy_verifies(engine)
+    assert_same_outputs(engine.generate(prompts, params), plain, FP32_RULE)
+    assert log.verifies
+    if draft == "itself":  # the greedy request's drafts are the target's own tokens
+        assert log.accepted_whole
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(tiny_weights, draft_checkpoints) -> None:
+    path = str(draft_checkpoints["other-vocabulary"])
+    with pytest.raises(ConfigError, match="must share the target's tokenizer"):
+        make_engine("reference", tiny_weights, SpeculativeConfig("draft-model", 2, draft_model=path))
