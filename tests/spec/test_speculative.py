@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fast.block_allocator import BlockAllocator as FastBlockAllocator
+from reference.block_allocator import BlockAllocator as ReferenceBlockAllocator
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.request import FinishReason
@@ -237,3 +239,16 @@ def test_a_draft_model_of_another_vocabulary_is_refused(tiny_weights, draft_chec
     path = str(draft_checkpoints["other-vocabulary"])
     with pytest.raises(ConfigError, match="must share the target's tokenizer"):
         make_engine("reference", tiny_weights, SpeculativeConfig("draft-model", 2, draft_model=path))
+
+
+@pytest.mark.parametrize("allocator_class", [ReferenceBlockAllocator, FastBlockAllocator], ids=["reference", "fast"])
+def test_rolled_back_blocks_go_to_the_head_of_the_free_queue(allocator_class) -> None:
+    allocator = allocator_class(num_blocks=8, block_size=2)
+    allocator.admit("a", [])
+    assert allocator.allocate_slots("a", 7)  # blocks 0..3
+    allocator.commit_tokens("a", [1, 2, 3, 4, 5, 6, 7], 0, 3)  # block 0 is full and registered
+    allocator.truncate("a", 3)  # tokens 3.. were rejected drafts: blocks 2 and 3 go back
+    snapshot = allocator.snapshot()
+    assert snapshot.block_tables["a"] == (0, 1)
+    assert snapshot.free_block_ids == (2, 3, 4, 5, 6, 7), "rolled-back blocks are reused first"
+    assert allocator.allocate_slots("a", 6) and allocator.block_table("a")[2] == 2
