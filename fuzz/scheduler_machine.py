@@ -54,7 +54,7 @@ NO_MODEL_LEN_LIMIT = 4096
 
 
 @st.composite
-def engine_configs(draw: st.DrawFn) -> EngineConfig:
+def engine_configs(draw: st.DrawFn, speculative: bool = False) -> EngineConfig:
     """Tiny engines: a few blocks, a few sequences, a budget of a few tokens."""
     block_size = draw(st.sampled_from((1, 2, 4, 8)), label="block_size")
     num_blocks = draw(st.integers(2, 16), label="num_blocks")
@@ -68,7 +68,9 @@ def engine_configs(draw: st.DrawFn) -> EngineConfig:
         max_num_batched_tokens=draw(st.integers(1, 24), label="max_num_batched_tokens"),
         max_model_len=max_model_len,
         enable_prefix_caching=draw(st.booleans().map(lambda disabled: not disabled), label="enable_prefix_caching"),
-        speculative=draw(st.none() | speculative_configs(), label="speculative"),
+        # Drawn only by the speculative machine: the plain machine's search (and the planted bugs' shrunk
+        # counterexamples) stay what they were.
+        speculative=draw(speculative_configs(), label="speculative") if speculative else None,
     )
 
 
@@ -117,11 +119,13 @@ class RequestDraft:
 
 
 ENGINE_CONFIGS = engine_configs()
+SPECULATIVE_ENGINE_CONFIGS = engine_configs(speculative=True)
 
 
 @st.composite
 def engine_setups(draw: st.DrawFn) -> EngineSetup:
-    config = draw(ENGINE_CONFIGS)
+    machine: SchedulerMachine = draw(st.runner())
+    config = draw(SPECULATIVE_ENGINE_CONFIGS if machine.speculative else ENGINE_CONFIGS)
     return EngineSetup(config, tuple(map(tuple, draw(prefix_stems(4 * config.block_size)))))
 
 
@@ -139,7 +143,8 @@ def request_drafts(draw: st.DrawFn) -> RequestDraft:
         ignore_eos=draw(st.booleans()),
         stop_token_ids=(pick(draw, GENERATED_ALPHABET),) if draw(st.booleans()) else (),
         eos_at_output_index=draw(st.integers(0, max_tokens - 1)) if draw(st.booleans()) else None,
-        period=draw(st.none() | st.integers(1, 3), label="period"),
+        # Periodic outputs give prompt lookup drafts that agree (speculative machine only, as above).
+        period=draw(st.none() | st.integers(1, 3), label="period") if machine.speculative else None,
     )
 
 
@@ -165,6 +170,7 @@ class SchedulerMachine(CountedMachine):
 
     implementations: ClassVar[tuple[SchedulerImplementation, ...]]
     twin_check: ClassVar[bool]
+    speculative: ClassVar[bool] = False  # draws speculative-decoding configurations (prompt lookup)
 
     def __init__(self) -> None:
         super().__init__()
@@ -428,16 +434,21 @@ class SchedulerMachine(CountedMachine):
 
 
 def scheduler_machine(
-    implementations: tuple[SchedulerImplementation, ...], twin_check: bool = True, stats_label: str | None = None
+    implementations: tuple[SchedulerImplementation, ...],
+    twin_check: bool = True,
+    stats_label: str | None = None,
+    speculative: bool = False,
 ) -> type[SchedulerMachine]:
-    """The state machine class driving `implementations` side by side (and the oracle, if `twin_check`)."""
-    names = "+".join(impl.name for impl in implementations)
+    """The state machine class driving `implementations` side by side (and the oracle, if `twin_check`);
+    speculative: every engine configuration speculates (prompt lookup), over periodic fake outputs too."""
+    names = "+".join(impl.name for impl in implementations) + ("+speculative" if speculative else "")
     return type(
         f"SchedulerMachine_{names.replace('+', '_')}",
         (SchedulerMachine,),
         {
             "implementations": implementations,
             "twin_check": twin_check,
+            "speculative": speculative,
             "stats_label": stats_label or f"scheduler[{names}{'+oracle' if twin_check else ''}]",
             "last_run_steps": 0,
         },
