@@ -99,6 +99,18 @@ class FreeBlockQueue:
         self._is_free[block_id] = True
         self._length += 1
 
+    def prepend(self, block_id: int) -> None:
+        """Put a block at the head of the queue: the next one taken."""
+        if self._is_free[block_id]:
+            raise RuntimeError(f"block {block_id} is already in the free queue")
+        head = self._next[self._sentinel]
+        self._prev[head] = block_id
+        self._next[block_id] = head
+        self._prev[block_id] = self._sentinel
+        self._next[self._sentinel] = block_id
+        self._is_free[block_id] = True
+        self._length += 1
+
     def pop_head(self) -> int:
         """The least recently freed block, taken out of the queue (the caller checked it is not empty)."""
         head = self._next[self._sentinel]
@@ -255,6 +267,20 @@ class BlockAllocator:
             ref_counts[block_id] -= 1
             if ref_counts[block_id] == 0:
                 self._free.append(block_id)  # a registered block keeps its cache entry while free
+
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Roll a request's table back to the blocks its first `num_tokens` tokens need (speculative
+        decoding: the blocks of rejected draft positions). The freed blocks go to the head of the free
+        queue, first block first: they hold no registered token, so reusing them first evicts nothing."""
+        table = self._tables[request_id]
+        keep = self._blocks_for(num_tokens)
+        removed = table[keep:]
+        del table[keep:]  # in place: the scheduler reads this same table
+        for block_id in reversed(removed):
+            if self._ref_counts[block_id] != 1 or self._block_hashes[block_id] is not None:
+                raise RuntimeError(f"block {block_id} rolled back from {request_id!r} is shared or registered")
+            self._ref_counts[block_id] = 0
+            self._free.prepend(block_id)
 
     # -- internals ---------------------------------------------------------------------------
 

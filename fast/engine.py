@@ -34,14 +34,22 @@ from fast.scheduler import Scheduler
 from fast.sharded_loading import CheckpointWeights, WeightSource
 from fast.tp_launch import TensorParallelRuntime, start_tensor_parallel
 from spec.checkpoint import load_state_dict, open_checkpoint
-from spec.engine import SampledToken, ScheduledEngine, default_device, token_logprobs
+from spec.engine import SampledToken, ScheduledEngine, default_device, token_logprobs, verified_token
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
-from spec.request import PENDING_TOKEN, Request, RequestOutput, RequestStatus, prompt_logprob_positions
+from spec.request import (
+    PENDING_TOKEN,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    TokenLogprobs,
+    prompt_logprob_positions,
+)
 from spec.sampling import SamplingRow
 from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
+from spec.speculative import DRAFT_MODEL, DraftModelProposer, DraftProposer, check_draft_vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +104,7 @@ class FastEngine(ScheduledEngine):
             runner, self.tensor_parallel = start_tensor_parallel(model_config, state_dict, config, dtype, self.device)
             self.device = runner.device
             self._finalizer = weakref.finalize(self, self.tensor_parallel.shutdown)
-        self._attach(runner, Sampler(runner.max_step_seqs, model_config.vocab_size, self.device))
+        self._attach(runner, Sampler(runner.max_sample_rows, model_config.vocab_size, self.device))
         if self.device.type == "cuda":
             self._compile_sampler()
 
@@ -104,7 +112,7 @@ class FastEngine(ScheduledEngine):
         """The host side over a built runner: the scheduler, the sampler, step timings, the request table."""
         self.runner = runner
         self.config = runner.config
-        self.scheduler = Scheduler(self.config, self.model_config.eos_token_ids)
+        self.scheduler = Scheduler(self.config, self.model_config.eos_token_ids, proposer=self._draft_model_proposer())
         self.sampler = sampler
         self.step_timings = StepTimings()
         self._execute_s = 0.0  # the current step's time in execute(), to split out scheduling time
@@ -114,10 +122,25 @@ class FastEngine(ScheduledEngine):
         self._next_plan: StepPlan | None = None  # scheduled ahead (async_scheduling), not yet concluded
         self._prepared: _PreparedAhead | None = None  # its inputs, loaded ahead
         self._in_flight: _LaunchedStep | None = None  # ... and launched ahead: the next step() concludes it
-        self._readback = TokenReadback(runner.max_step_seqs, runner.device)
+        self._readback = TokenReadback(runner.max_sample_rows, runner.device)
         # Rows of a step's logits picked on the device (prompt-logprob steps): at most one per token.
         self._logit_rows = RowUpload(runner.inputs.max_num_tokens, runner.device)
         self._init_requests()
+
+    def _draft_model_proposer(self) -> DraftProposer | None:
+        """speculative method "draft-model": the draft checkpoint in a fast engine of its own, on this device,
+        with this engine's pool size (on CUDA it must fit beside this engine's pool: give num_blocks, or a
+        lower gpu_memory_utilization, to leave it room). None otherwise (the scheduler builds prompt lookup)."""
+        speculative = self.config.speculative
+        if speculative is None or speculative.method != DRAFT_MODEL:
+            return None
+        if self.tensor_parallel is not None:
+            raise ConfigError("speculative method 'draft-model' runs on one device: not with tensor parallelism")
+        draft = FastEngine.from_pretrained(
+            speculative.draft_model, self.config.for_draft_model(), self.dtype, self.device
+        )
+        check_draft_vocabulary(draft.model_config.vocab_size, self.model_config.vocab_size, speculative.draft_model)
+        return DraftModelProposer(draft)
 
     @classmethod
     def from_pretrained(
@@ -359,6 +382,15 @@ class FastEngine(ScheduledEngine):
                     offsets.append(position - start)
                     scored.append((logit_row, request, position + 1))
                     logit_row += 1
+            draft = chunk.draft_token_ids
+            if draft:  # a verify chunk: the request's last token, then the draft; a row at each position
+                token_ids = [*request.token_span(start, num_tokens - len(draft)), *draft]
+                for offset in range(num_tokens - 1 - len(draft), num_tokens):
+                    offsets.append(offset)
+                    sampling.append((logit_row, request))
+                    logit_row += 1
+                sequences.append(SequenceInput(token_ids, start, table, offsets))
+                continue
             if chunk.samples:
                 offsets.append(num_tokens - 1)
                 sampling.append((logit_row, request))
@@ -369,10 +401,13 @@ class FastEngine(ScheduledEngine):
     def _set_sampler_rows(self, sampling: list[tuple[int, Request]]) -> None:
         requests = [request for _, request in sampling]
         rows = self._sampler_rows
-        self.sampler.set_sampler_rows(
-            [rows.get(request) or self._sampler_row(request) for request in requests],
-            [len(request.output_token_ids) for request in requests],
-        )
+        positions = [len(request.output_token_ids) for request in requests]
+        if self.config.speculative is not None:  # a verify chunk's rows: consecutive, output positions counting on
+            for index in range(1, len(requests)):
+                if requests[index] is requests[index - 1]:
+                    positions[index] = positions[index - 1] + 1
+        sampler_rows = [rows.get(request) or self._sampler_row(request) for request in requests]
+        self.sampler.set_sampler_rows(sampler_rows, positions)
 
     def _sampled(self, step: _LaunchedStep, plan: StepPlan) -> dict[str, SampledToken]:
         """The tokens read on the host (the step's one wait for the device), with logprobs where asked
@@ -382,7 +417,11 @@ class FastEngine(ScheduledEngine):
         requests = [request for _, request in step.sampling]
         tokens = step.host_tokens.values()
         counts = [request.params.logprobs for request in requests]
-        if not any(counts):  # most steps: no request asks for logprobs
+        verifies = self.config.speculative is not None and any(chunk.draft_token_ids for chunk in step.plan.chunks)
+        if verifies:
+            entries = token_logprobs(step.sample_logits, tokens, counts) if any(counts) else [None] * len(tokens)
+            results = self._verified(step.plan, requests, tokens, entries)
+        elif not any(counts):  # most steps: no request asks for logprobs
             results = {
                 request.request_id: SampledToken(token, None) for request, token in zip(requests, tokens, strict=True)
             }
@@ -395,6 +434,28 @@ class FastEngine(ScheduledEngine):
         if plan is not step.plan:  # requests dropped from the plan after its launch
             kept = {chunk.request_id for chunk in plan.chunks if chunk.samples}
             results = {request_id: token for request_id, token in results.items() if request_id in kept}
+        return results
+
+    def _verified(
+        self,
+        plan: StepPlan,
+        requests: list[Request],
+        tokens: list[int],
+        entries: Sequence[TokenLogprobs | None],
+    ) -> dict[str, SampledToken]:
+        """A step with verify chunks: one result per request, a verify chunk's from its consecutive rows (the
+        tokens spec.speculative.accepted_tokens keeps); entries: each row's logprobs (None: not asked for)."""
+        drafts = {chunk.request_id: chunk.draft_token_ids for chunk in plan.chunks if chunk.draft_token_ids}
+        results: dict[str, SampledToken] = {}
+        row = 0
+        while row < len(requests):
+            request = requests[row]
+            draft = drafts.get(request.request_id, ())
+            end = row + 1 + len(draft)
+            logprobs = entries[row:end] if request.params.logprobs > 0 else [None] * (end - row)
+            stop = self.scheduler.stop_token_ids(request.request_id)
+            results[request.request_id] = verified_token(draft, tokens[row:end], logprobs, stop)
+            row = end
         return results
 
     def _sampler_row(self, request: Request) -> SamplerRow:

@@ -112,6 +112,9 @@ class ModelRunner:
         self.max_blocks_per_seq = triton.cdiv(settings.model_len, settings.block_size)
         # Every sequence in a step brings at least one token, and at most max_num_seqs run.
         self.max_step_seqs = min(settings.max_num_seqs, settings.max_num_batched_tokens)
+        # Rows a step samples: one per sequence, or with speculative decoding one per verify position.
+        drafts = settings.speculative.num_speculative_tokens if settings.speculative is not None else 0
+        self.max_sample_rows = min(self.max_step_seqs * (1 + drafts), settings.max_num_batched_tokens)
         self.model = FastCausalLM(
             model_config,
             self._pack(weights),
@@ -477,7 +480,7 @@ class ModelRunner:
         )
         # The sampler's peak: sorting fp32 logits of a full decode batch (top-k / top-p filters).
         logits = torch.zeros(
-            (self.max_step_seqs, self.model_config.vocab_size), dtype=torch.float32, device=self.device
+            (self.max_sample_rows, self.model_config.vocab_size), dtype=torch.float32, device=self.device
         )
         torch.sort(logits, dim=-1, descending=True, stable=True)
         torch.cuda.synchronize(self.device)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import overload
 
@@ -32,7 +32,8 @@ from spec.block_hash import HashFunction, hash_block
 from spec.engine_config import EngineConfig
 from spec.invariants import RequestState, SchedulerSnapshot
 from spec.request import FinishLimits, FinishReason, Request, RequestStatus
-from spec.scheduling import ScheduledChunk, StepPlan, max_prefix_hit_blocks
+from spec.scheduling import ScheduledChunk, StepPlan, draft_room, max_prefix_hit_blocks
+from spec.speculative import DraftProposer, draft_limit, make_ngram_proposer
 
 
 class RequestTokens(Sequence[int]):
@@ -90,10 +91,19 @@ class _Admitted:
 
 class Scheduler:
     def __init__(
-        self, config: EngineConfig, eos_token_ids: Sequence[int] = (), hash_function: HashFunction = hash_block
+        self,
+        config: EngineConfig,
+        eos_token_ids: Sequence[int] = (),
+        hash_function: HashFunction = hash_block,
+        proposer: DraftProposer | None = None,
     ) -> None:
+        """proposer: drafts for speculative decoding (config.speculative); None: prompt lookup where the
+        method is "ngram" (a draft model is the engine's to build)."""
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
+        if config.speculative is not None and proposer is None:
+            proposer = make_ngram_proposer(config.speculative)
+        self.proposer = proposer if config.speculative is not None else None
         self.allocator = BlockAllocator(
             config.pool_blocks, config.block_size, config.enable_prefix_caching, hash_function
         )
@@ -149,6 +159,8 @@ class Scheduler:
 
         admitted: list[str] = []
         if not preempted:
+            if self.proposer is not None:
+                budget = self._add_drafts(chunks, budget)
             self._admit_waiting(budget, chunks, admitted)
         self._plan = StepPlan(chunks=tuple(chunks), preempted=tuple(preempted), admitted=tuple(admitted))
         return self._plan
@@ -169,12 +181,51 @@ class Scheduler:
             )
             budget -= num_tokens
 
+    def _add_drafts(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        """Speculative decoding (spec.scheduling step 2b): drafts join the decoding chunks as far as the
+        budget and the free blocks allow; the budget left."""
+        if budget <= 0:
+            return budget
+        running, admitted = self._running, self._admitted
+        k = self.config.speculative.num_speculative_tokens
+        candidates: list[tuple[int, Request, int]] = []  # (chunk index, request, draft limit)
+        for index, chunk in enumerate(chunks):
+            if chunk.num_tokens == 1 and chunk.samples:
+                request = running[chunk.request_id]
+                limit = draft_limit(k, len(request.output_token_ids), admitted[chunk.request_id].limits.max_outputs)
+                if limit > 0:
+                    candidates.append((index, request, limit))
+        if not candidates:
+            return budget
+        drafts = self.proposer.propose(
+            [request.all_token_ids for _, request, _ in candidates], [limit for *_, limit in candidates]
+        )
+        allocator, block_size = self.allocator, self.config.block_size
+        for (index, request, limit), draft in zip(candidates, drafts, strict=True):
+            if budget <= 0:
+                break
+            request_id, covered = request.request_id, request.num_tokens
+            room = draft_room(len(admitted[request_id].table), allocator.num_free_blocks, block_size, covered)
+            draft = tuple(draft[: min(limit, budget, room)])
+            if not draft:
+                continue
+            if not allocator.allocate_slots(request_id, covered + len(draft)):
+                raise RuntimeError("allocator refused blocks that draft_room counted as free")
+            chunk = chunks[index]
+            chunks[index] = ScheduledChunk(request_id, chunk.start, 1 + len(draft), True, draft)
+            budget -= len(draft)
+        return budget
+
     # -- a plan made ahead (EngineConfig.async_scheduling) ---------------------------------------
 
     def finishes_by_length_only(self, request_ids: Iterable[str]) -> bool:
         """Whether none of these running requests can be finished by the value of its next token."""
         admitted = self._admitted
         return all(admitted[request_id].limits.by_length_only for request_id in request_ids)
+
+    def stop_token_ids(self, request_id: str) -> frozenset[int]:
+        """The tokens that finish this running request (its limits from admission)."""
+        return self._admitted[request_id].limits.stop_token_ids
 
     def admit_more(self) -> StepPlan:
         """The scheduled plan with the admissions a request added (or a queue head aborted) since it was
@@ -246,15 +297,20 @@ class Scheduler:
         )
         return num_tokens
 
-    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
+    def update(self, plan: StepPlan, sampled: Mapping[str, int | Sequence[int]]) -> list[Request]:
         """Apply a step's results: computed counts, prefix-cache registration, new tokens, finishes.
-        `sampled` maps each sampling chunk's request id to its new token. Returns finished requests."""
+        `sampled` maps each sampling chunk's request id to its new token (a verify chunk's: its tokens, in
+        order). Returns finished requests."""
         finished: list[Request] = []
         running, tracked, allocator, admitted = self._running, self._tracked, self.allocator, self._admitted
         block_size = self.config.block_size
         for chunk in plan.chunks:
             request_id = chunk.request_id
             request = running[request_id]
+            if chunk.draft_token_ids:
+                if self._update_verified(request, sampled[request_id]):
+                    finished.append(request)
+                continue
             old_computed = request.num_computed_tokens
             request.advance_computed(chunk.num_tokens)
             new_computed = request.num_computed_tokens
@@ -273,6 +329,28 @@ class Scheduler:
         self._plan = None
         return finished
 
+    def _update_verified(self, request: Request, tokens: int | Sequence[int]) -> bool:
+        """Apply a verify chunk's tokens (spec.speculative.accepted_tokens); whether the request finished."""
+        tokens = (tokens,) if isinstance(tokens, int) else tuple(tokens)
+        request_id = request.request_id
+        limits = self._admitted[request_id].limits
+        reason = None
+        for token in tokens:
+            if reason is not None:
+                raise RuntimeError(f"request {request_id!r} got tokens after it finished ({reason.value})")
+            request.append_token(token)
+            reason = limits.reason(token, len(request.output_token_ids))
+        old_computed = request.num_computed_tokens
+        # The last token and the accepted draft tokens have K/V; the newest token does not (yet).
+        request.advance_computed(len(tokens))
+        new_computed = request.num_computed_tokens
+        self.allocator.commit_tokens(request_id, self._tracked[request_id].tokens, old_computed, new_computed)
+        self.allocator.truncate(request_id, new_computed)
+        if reason is not None:
+            self._finish(request, reason)
+            return True
+        return False
+
     def _finish(self, request: Request, reason: FinishReason) -> None:
         if request.status is RequestStatus.RUNNING:
             del self._running[request.request_id]
@@ -290,7 +368,9 @@ class Scheduler:
     # -- inspection --------------------------------------------------------------------------
 
     def snapshot(self) -> SchedulerSnapshot:
-        scheduled = {chunk.request_id: chunk.num_tokens for chunk in self._plan.chunks} if self._plan else {}
+        chunks = self._plan.chunks if self._plan else ()
+        scheduled = {chunk.request_id: chunk.num_tokens for chunk in chunks}
+        drafted = {chunk.request_id: len(chunk.draft_token_ids) for chunk in chunks if chunk.draft_token_ids}
         requests = {}
         for request_id, tracked in self._tracked.items():
             request = tracked.request
@@ -302,6 +382,7 @@ class Scheduler:
                 num_scheduled_tokens=scheduled.get(request_id, 0),
                 cached_tokens_at_admission=cached,
                 tokens_at_admission=tokens,
+                num_draft_tokens=drafted.get(request_id, 0),
             )
         return SchedulerSnapshot(
             config=self.config,

@@ -15,6 +15,7 @@ from fuzz.workload import RequestScript
 from spec.engine_config import EngineConfig
 from spec.request import FinishReason
 from spec.scheduling import ScheduledChunk, StepPlan
+from spec.speculative import propose_ngram
 
 
 @dataclass
@@ -60,6 +61,8 @@ class OracleScheduler:
             position += 1
 
         admitted: list[str] = []
+        if not preempted and self.config.speculative is not None:  # 2b. drafts
+            budget = self._draft(chunks, budget)
         if not preempted:  # 3. admission, first come first served
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 head = self.waiting[0]
@@ -78,6 +81,30 @@ class OracleScheduler:
                 budget -= n
         return StepPlan(chunks=tuple(chunks), preempted=tuple(preempted), admitted=tuple(admitted))  # 4.
 
+    def _draft(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        """Prompt lookup's drafts join the single-token sampling chunks, in running order, cut to the
+        token budget and to what the free blocks cover (never a preemption)."""
+        speculative = self.config.speculative
+        by_id = {request.request_id: request for request in self.running}
+        for index, chunk in enumerate(chunks):
+            if not (chunk.num_tokens == 1 and chunk.samples) or budget <= 0:
+                continue
+            request = by_id[chunk.request_id]
+            max_outputs = min(request.script.max_tokens, self.config.model_len - len(request.script.prompt))
+            limit = min(speculative.num_speculative_tokens, max_outputs - len(request.output) - 1)
+            if limit <= 0:
+                continue
+            draft = propose_ngram(request.tokens, limit, speculative.ngram_min, speculative.ngram_max)
+            covered = len(request.tokens)
+            fits = (len(self.pool.tables[request.request_id]) + self.pool.num_free_blocks) * self.config.block_size
+            draft = draft[: min(budget, fits - covered)]
+            if not draft:
+                continue
+            assert self.pool.grow(request.request_id, covered + len(draft)), "oracle: the free blocks cover the draft"
+            chunks[index] = ScheduledChunk(chunk.request_id, chunk.start, 1 + len(draft), True, tuple(draft))
+            budget -= len(draft)
+        return budget
+
     def _grow_preempting_newest(self, request: OracleRequest, num_tokens: int, preempted: list[str]) -> bool:
         while not self.pool.grow(request.request_id, num_tokens):
             victim = self.running.pop()  # the most recently admitted
@@ -94,12 +121,16 @@ class OracleScheduler:
         start = request.computed
         return ScheduledChunk(request.request_id, start, n, samples=start + n == len(request.tokens))
 
-    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[str]:
+    def update(self, plan: StepPlan, sampled: dict[str, int | tuple[int, ...]]) -> list[str]:
         """Apply the step; the ids of the requests that finished, in plan order."""
         by_id = {request.request_id: request for request in self.running}
         finished: list[str] = []
         for chunk in plan.chunks:
             request = by_id[chunk.request_id]
+            if chunk.draft_token_ids:
+                if self._verify(request, chunk, sampled[request.request_id]):
+                    finished.append(request.request_id)
+                continue
             request.computed += chunk.num_tokens
             self.pool.commit(request.request_id, request.tokens, request.computed)
             if not chunk.samples:
@@ -112,6 +143,25 @@ class OracleScheduler:
                 self.finish_reasons[request.request_id] = reason
                 finished.append(request.request_id)
         return finished
+
+    def _verify(self, request: OracleRequest, chunk: ScheduledChunk, tokens: int | tuple[int, ...]) -> bool:
+        """A verify chunk's tokens appended one by one (each checked for a finish); the computed count
+        grows by their number, the rest of the table is rolled back. Whether the request finished."""
+        tokens = (tokens,) if isinstance(tokens, int) else tokens
+        reason = None
+        for token in tokens:
+            assert reason is None, f"oracle: {request.request_id!r} got tokens after it finished"
+            request.output.append(token)
+            reason = self._finish_reason(request)
+        request.computed += len(tokens)
+        self.pool.commit(request.request_id, request.tokens, request.computed)
+        self.pool.truncate(request.request_id, request.computed)
+        if reason is None:
+            return False
+        self.running.remove(request)
+        self.pool.free(request.request_id)
+        self.finish_reasons[request.request_id] = reason
+        return True
 
     def _finish_reason(self, request: OracleRequest) -> FinishReason | None:
         script = request.script

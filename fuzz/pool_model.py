@@ -129,6 +129,20 @@ class PoolModel:
             if self.ref_counts[block_id] == 0:
                 self.free_queue.append(block_id)
 
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Speculative roll back: blocks past the first `num_tokens` tokens' go to the head of the free
+        queue, first block first (they hold nothing registered)."""
+        table = self.tables[request_id]
+        keep = self.blocks_for(num_tokens)
+        rolled_back = table[keep:]
+        del table[keep:]
+        for block_id in rolled_back:
+            assert self.ref_counts[block_id] == 1 and block_id not in self.content, (
+                "model: a rolled-back block is shared"
+            )
+            self.ref_counts[block_id] = 0
+        self.free_queue[:0] = rolled_back
+
     def _take_head_of_free_queue(self) -> int:
         block_id = self.free_queue.pop(0)
         entry = self.content.pop(block_id, None)

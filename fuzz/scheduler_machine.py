@@ -38,7 +38,7 @@ from fuzz.workload import (
     GENERATED_ALPHABET,
     RequestScript,
     expected_completion,
-    fake_model,
+    fake_model_step,
     is_servable,
     workload_step_bound,
 )
@@ -46,6 +46,7 @@ from spec.engine_config import EngineConfig
 from spec.invariants import ALL_INVARIANTS, InvariantMonitor, SchedulerSnapshot
 from spec.request import FinishReason, Request
 from spec.scheduling import StepPlan
+from spec.speculative import SpeculativeConfig
 
 # InvariantMonitor.observe checks every spec invariant but finishes-exactly-once (fed separately).
 INVARIANTS_PER_OBSERVE = len(ALL_INVARIANTS) - 1
@@ -53,7 +54,7 @@ NO_MODEL_LEN_LIMIT = 4096
 
 
 @st.composite
-def engine_configs(draw: st.DrawFn) -> EngineConfig:
+def engine_configs(draw: st.DrawFn, speculative: bool = False) -> EngineConfig:
     """Tiny engines: a few blocks, a few sequences, a budget of a few tokens."""
     block_size = draw(st.sampled_from((1, 2, 4, 8)), label="block_size")
     num_blocks = draw(st.integers(2, 16), label="num_blocks")
@@ -67,6 +68,21 @@ def engine_configs(draw: st.DrawFn) -> EngineConfig:
         max_num_batched_tokens=draw(st.integers(1, 24), label="max_num_batched_tokens"),
         max_model_len=max_model_len,
         enable_prefix_caching=draw(st.booleans().map(lambda disabled: not disabled), label="enable_prefix_caching"),
+        # Drawn only by the speculative machine: the plain machine's search (and the planted bugs' shrunk
+        # counterexamples) stay what they were.
+        speculative=draw(speculative_configs(), label="speculative") if speculative else None,
+    )
+
+
+@st.composite
+def speculative_configs(draw: st.DrawFn) -> SpeculativeConfig:
+    """Prompt lookup over the fake model's few symbols: drafts that agree with it, and drafts that do not."""
+    ngram_max = draw(st.integers(1, 3), label="ngram_max")
+    return SpeculativeConfig(
+        "ngram",
+        draw(st.integers(1, 4), label="num_speculative_tokens"),
+        ngram_min=draw(st.integers(1, ngram_max), label="ngram_min"),
+        ngram_max=ngram_max,
     )
 
 
@@ -85,6 +101,7 @@ class RequestDraft:
     ignore_eos: bool
     stop_token_ids: tuple[int, ...]
     eos_at_output_index: int | None
+    period: int | None
 
     def script(self, request_id: str) -> RequestScript:
         return RequestScript(
@@ -94,6 +111,7 @@ class RequestDraft:
             ignore_eos=self.ignore_eos,
             stop_token_ids=self.stop_token_ids,
             eos_at_output_index=self.eos_at_output_index,
+            period=self.period,
         )
 
 
@@ -101,11 +119,13 @@ class RequestDraft:
 
 
 ENGINE_CONFIGS = engine_configs()
+SPECULATIVE_ENGINE_CONFIGS = engine_configs(speculative=True)
 
 
 @st.composite
 def engine_setups(draw: st.DrawFn) -> EngineSetup:
-    config = draw(ENGINE_CONFIGS)
+    machine: SchedulerMachine = draw(st.runner())
+    config = draw(SPECULATIVE_ENGINE_CONFIGS if machine.speculative else ENGINE_CONFIGS)
     return EngineSetup(config, tuple(map(tuple, draw(prefix_stems(4 * config.block_size)))))
 
 
@@ -123,6 +143,8 @@ def request_drafts(draw: st.DrawFn) -> RequestDraft:
         ignore_eos=draw(st.booleans()),
         stop_token_ids=(pick(draw, GENERATED_ALPHABET),) if draw(st.booleans()) else (),
         eos_at_output_index=draw(st.integers(0, max_tokens - 1)) if draw(st.booleans()) else None,
+        # Periodic outputs give prompt lookup drafts that agree (speculative machine only, as above).
+        period=draw(st.none() | st.integers(1, 3), label="period") if machine.speculative else None,
     )
 
 
@@ -148,6 +170,7 @@ class SchedulerMachine(CountedMachine):
 
     implementations: ClassVar[tuple[SchedulerImplementation, ...]]
     twin_check: ClassVar[bool]
+    speculative: ClassVar[bool] = False  # draws speculative-decoding configurations (prompt lookup)
 
     def __init__(self) -> None:
         super().__init__()
@@ -219,7 +242,7 @@ class SchedulerMachine(CountedMachine):
             plan = twin.scheduler.schedule()
             after_schedule.append(twin.scheduler.snapshot())
             self._observe(twin, after_schedule[-1], plan)
-            sampled = fake_model(_sampling_positions(plan), self.scripts)
+            sampled = fake_model_step(plan, self.scripts)
             finished = twin.scheduler.update(plan, sampled)
             for request in finished:
                 self._came_back(twin, request)
@@ -346,9 +369,7 @@ class SchedulerMachine(CountedMachine):
     ) -> None:
         assert self.oracle is not None
         expected_plan = self.oracle.schedule()
-        expected_finished = self.oracle.update(
-            expected_plan, fake_model(_sampling_positions(expected_plan), self.scripts)
-        )
+        expected_finished = self.oracle.update(expected_plan, fake_model_step(expected_plan, self.scripts))
         for twin, plan, finished in zip(self.twins, plans, finished_by_twin, strict=True):
             if plan != expected_plan:
                 raise violated(
@@ -402,24 +423,32 @@ class SchedulerMachine(CountedMachine):
         stats.bump(self.stats_label, "admissions_with_prefix_hit", hits)
         if not plan.chunks and snapshot.waiting:
             stats.bump(self.stats_label, "steps_blocked")
-
-
-def _sampling_positions(plan: StepPlan) -> dict[str, int]:
-    """Request id -> position of the token a sampling chunk produces."""
-    return {chunk.request_id: chunk.start + chunk.num_tokens for chunk in plan.chunks if chunk.samples}
+        verify = [chunk for chunk in plan.chunks if chunk.draft_token_ids]
+        if verify:
+            stats.bump(self.stats_label, "verify_chunks", len(verify))
+            sampled = fake_model_step(StepPlan(tuple(verify), (), ()), self.scripts)
+            appended = sum(len(sampled[chunk.request_id]) for chunk in verify)
+            drafted = sum(len(chunk.draft_token_ids) for chunk in verify)
+            stats.bump(self.stats_label, "draft_tokens_accepted", appended - len(verify))
+            stats.bump(self.stats_label, "draft_tokens_rejected", drafted - (appended - len(verify)))
 
 
 def scheduler_machine(
-    implementations: tuple[SchedulerImplementation, ...], twin_check: bool = True, stats_label: str | None = None
+    implementations: tuple[SchedulerImplementation, ...],
+    twin_check: bool = True,
+    stats_label: str | None = None,
+    speculative: bool = False,
 ) -> type[SchedulerMachine]:
-    """The state machine class driving `implementations` side by side (and the oracle, if `twin_check`)."""
-    names = "+".join(impl.name for impl in implementations)
+    """The state machine class driving `implementations` side by side (and the oracle, if `twin_check`);
+    speculative: every engine configuration speculates (prompt lookup), over periodic fake outputs too."""
+    names = "+".join(impl.name for impl in implementations) + ("+speculative" if speculative else "")
     return type(
         f"SchedulerMachine_{names.replace('+', '_')}",
         (SchedulerMachine,),
         {
             "implementations": implementations,
             "twin_check": twin_check,
+            "speculative": speculative,
             "stats_label": stats_label or f"scheduler[{names}{'+oracle' if twin_check else ''}]",
             "last_run_steps": 0,
         },

@@ -4,6 +4,7 @@ written from spec.scheduling."""
 
 from __future__ import annotations
 
+from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from fuzz import stats
@@ -23,6 +24,16 @@ REQUIRED_SITUATIONS = (
     "finished_abort",
     "implementation_comparisons",
 )
+# ... and a run of the speculative machine (prompt lookup's drafts verified, kept and rolled back).
+REQUIRED_SPECULATIVE_SITUATIONS = (
+    "verify_chunks",
+    "draft_tokens_accepted",
+    "draft_tokens_rejected",
+    "preemptions",
+    "admissions_with_prefix_hit",
+    "finished_stop",
+    "implementation_comparisons",
+)
 
 
 def test_registered_schedulers_side_by_side_with_oracle_twin() -> None:
@@ -36,3 +47,16 @@ def test_registered_schedulers_side_by_side_with_oracle_twin() -> None:
     seen = stats.counters(machine.stats_label)
     missing = [situation for situation in REQUIRED_SITUATIONS if not seen.get(situation)]
     assert not missing, f"the scheduler fuzzer never reached {missing}: {seen}"
+
+
+def test_schedulers_with_speculative_decoding_side_by_side_with_oracle_twin() -> None:
+    """The same, with every engine configuration speculating (spec.scheduling step 2b, the verify update and
+    its roll back): invariants, conservation (speculation changes no output), the same decisions from every
+    implementation and the oracle's. A third of the plain run's examples: the CI time budget."""
+    machine = scheduler_machine(tuple(SCHEDULERS.values()), twin_check=True, speculative=True)
+    current = settings.get_profile(settings.get_current_profile_name())
+    run_state_machine_as_test(machine, settings=settings(current, max_examples=max(1, current.max_examples // 3)))
+
+    seen = stats.counters(machine.stats_label)
+    missing = [situation for situation in REQUIRED_SPECULATIVE_SITUATIONS if not seen.get(situation)]
+    assert not missing, f"the speculative scheduler fuzzer never reached {missing}: {seen}"

@@ -16,6 +16,7 @@ from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
 from spec.request import FinishReason, Request, check_request
 from spec.sampling_params import SamplingParams
+from spec.scheduling import StepPlan
 
 VOCAB_SIZE = 16
 EOS_TOKEN_ID = 15
@@ -34,6 +35,8 @@ class RequestScript:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     eos_at_output_index: int | None = None  # the fake model emits EOS as this output token
+    # The fake model's output repeats with this period (prompt lookup's drafts then agree with it).
+    period: int | None = None
 
     @property
     def params(self) -> SamplingParams:
@@ -45,6 +48,11 @@ class RequestScript:
             seed=0,
         )
 
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """The tokens that finish the request (spec.request.FinishLimits' rule)."""
+        return frozenset(self.stop_token_ids) | (frozenset() if self.ignore_eos else frozenset(EOS_TOKEN_IDS))
+
     def new_request(self, arrival_index: int) -> Request:
         """A fresh engine-side Request (each implementation gets its own: schedulers mutate them)."""
         return Request(self.request_id, self.prompt, self.params, seed=0, arrival_index=arrival_index)
@@ -55,12 +63,34 @@ class RequestScript:
             return EOS_TOKEN_ID
         # Depends on the prompt and the position only, as greedy decoding would: equal prompts
         # get equal outputs, so output blocks are shared through the prefix cache too.
+        if self.period is not None:
+            position = len(self.prompt) + (position - len(self.prompt)) % self.period
         return GENERATED_ALPHABET[hash((self.prompt, position)) % len(GENERATED_ALPHABET)]
 
 
-def fake_model(sampling_positions: dict[str, int], scripts: dict[str, RequestScript]) -> dict[str, int]:
-    """Tokens for the chunks that sample: request id -> position of the token to produce."""
-    return {request_id: scripts[request_id].token_at(position) for request_id, position in sampling_positions.items()}
+def fake_model_step(plan: StepPlan, scripts: dict[str, RequestScript]) -> dict[str, int | tuple[int, ...]]:
+    """The fake model over a plan: a sampling chunk's token; a verify chunk's tokens, the model's at
+    each of its positions up to the first that differs from the draft or ends the request (the
+    acceptance rule in its own words here, not spec.speculative's function)."""
+    sampled: dict[str, int | tuple[int, ...]] = {}
+    for chunk in plan.chunks:
+        if not chunk.samples:
+            continue
+        script = scripts[chunk.request_id]
+        first = chunk.start + chunk.num_tokens - len(chunk.draft_token_ids)  # the position of the first new token
+        if not chunk.draft_token_ids:
+            sampled[chunk.request_id] = script.token_at(first)
+            continue
+        # The model's token at each position, while the draft agrees with it and no token ends the request.
+        tokens: list[int] = []
+        for offset in range(len(chunk.draft_token_ids) + 1):
+            tokens.append(script.token_at(first + offset))
+            if tokens[-1] in script.stop_ids or offset == len(chunk.draft_token_ids):
+                break
+            if tokens[-1] != chunk.draft_token_ids[offset]:
+                break
+        sampled[chunk.request_id] = tuple(tokens)
+    return sampled
 
 
 def expected_completion(script: RequestScript, max_model_len: int) -> tuple[tuple[int, ...], FinishReason]:

@@ -143,6 +143,23 @@ class BlockAllocator:
                     block.reset()
                 self._free[block_id] = None
 
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Roll a request's table back to the blocks its first `num_tokens` tokens need (speculative
+        decoding: the blocks of rejected draft positions). The freed blocks go to the head of the free
+        queue, first block first: they hold no registered token, so reusing them first evicts nothing."""
+        table = self._tables[request_id]
+        keep = self._blocks_for(num_tokens)
+        removed = table[keep:]
+        del table[keep:]
+        for block_id in reversed(removed):
+            block = self._blocks[block_id]
+            if block.ref_count != 1 or block.block_hash is not None:
+                raise RuntimeError(f"block {block_id} rolled back from {request_id!r} is shared or registered")
+            block.ref_count = 0
+            block.reset()
+            self._free[block_id] = None
+            self._free.move_to_end(block_id, last=False)
+
     # -- internals ---------------------------------------------------------------------------
 
     def _blocks_for(self, num_tokens: int) -> int:

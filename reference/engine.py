@@ -10,13 +10,14 @@ from reference.kv_cache import PagedKVCache
 from reference.model import CausalLM, ForwardBatch, SequenceSlice
 from reference.scheduler import Scheduler
 from spec.checkpoint import load_state_dict, open_checkpoint
-from spec.engine import SampledToken, ScheduledEngine, default_device, token_logprobs
+from spec.engine import SampledToken, ScheduledEngine, default_device, token_logprobs, verified_token
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
-from spec.request import Request, prompt_logprob_positions
+from spec.request import FinishLimits, Request, prompt_logprob_positions
 from spec.sampling import SamplingRow, sample_tokens
 from spec.scheduling import StepPlan, slot_of
+from spec.speculative import DRAFT_MODEL, DraftModelProposer, DraftProposer, check_draft_vocabulary
 
 
 class ReferenceEngine(ScheduledEngine):
@@ -52,8 +53,20 @@ class ReferenceEngine(ScheduledEngine):
             dtype=dtype,
             device=self.device,
         )
-        self.scheduler = Scheduler(self.config, model_config.eos_token_ids)
+        self.scheduler = Scheduler(self.config, model_config.eos_token_ids, proposer=self._draft_model_proposer())
         self._init_requests()
+
+    def _draft_model_proposer(self) -> DraftProposer | None:
+        """speculative method "draft-model": the draft checkpoint in a reference engine of its own. None
+        otherwise (the scheduler builds prompt lookup itself)."""
+        speculative = self.config.speculative
+        if speculative is None or speculative.method != DRAFT_MODEL:
+            return None
+        draft = ReferenceEngine.from_pretrained(
+            speculative.draft_model, self.config.for_draft_model(), self.dtype, self.device
+        )
+        check_draft_vocabulary(draft.model_config.vocab_size, self.model_config.vocab_size, speculative.draft_model)
+        return DraftModelProposer(draft)
 
     @classmethod
     def from_pretrained(
@@ -85,7 +98,9 @@ class ReferenceEngine(ScheduledEngine):
             table = self.scheduler.allocator.block_table(chunk.request_id)
             span = range(chunk.start, chunk.start + chunk.num_tokens)
             query_start = len(token_ids)
-            token_ids.extend(request.token_span(chunk.start, chunk.num_tokens))
+            draft = chunk.draft_token_ids
+            token_ids.extend(request.token_span(chunk.start, chunk.num_tokens - len(draft)))
+            token_ids.extend(draft)  # a verify chunk: its last len(draft) tokens are the draft
             positions.extend(span)
             slots.extend(slot_of(table, p, block_size) for p in span)
             sequences.append(
@@ -99,9 +114,10 @@ class ReferenceEngine(ScheduledEngine):
             for position in prompt_logprob_positions(request, chunk.start, chunk.num_tokens):
                 scoring_rows.append(query_start + position - chunk.start)
                 scored_positions.append((request, position))
-            if chunk.samples:
-                sampling_rows.append(query_start + chunk.num_tokens - 1)
-                sampling_requests.append(request)
+            if chunk.samples:  # a verify chunk samples at its last token and at each draft position
+                for offset in range(chunk.num_tokens - 1 - len(draft), chunk.num_tokens):
+                    sampling_rows.append(query_start + offset)
+                    sampling_requests.append(request)
 
         def as_tensor(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=self.device)
@@ -111,7 +127,7 @@ class ReferenceEngine(ScheduledEngine):
         logits = self.model(as_tensor(token_ids), batch, self.cache)
         num_sampling = len(sampling_rows)
         self._record_prompt_logprobs(logits[num_sampling:], scored_positions)
-        return self._sample(logits[:num_sampling], sampling_requests)
+        return self._sample(logits[:num_sampling], sampling_requests, plan)
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, scored_positions: list[tuple[Request, int]]) -> None:
         """Logits row i (at prompt position p) gives the logprobs of prompt token p + 1."""
@@ -123,14 +139,33 @@ class ReferenceEngine(ScheduledEngine):
         for (request, position), entry in zip(scored_positions, entries, strict=True):
             request.record_prompt_logprobs(position + 1, entry)
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> dict[str, SampledToken]:
+    def _sample(self, logits: torch.Tensor, requests: list[Request], plan: StepPlan) -> dict[str, SampledToken]:
+        """One token per sampling row; a verify chunk's rows are consecutive, the j-th of them at output
+        position len(outputs) + j, and its tokens are the ones spec.speculative.accepted_tokens keeps."""
         if not requests:
             return {}
-        rows = [SamplingRow(r.params, r.seed, len(r.output_token_ids)) for r in requests]
+        positions: list[int] = []
+        for index, request in enumerate(requests):
+            follows = index > 0 and requests[index - 1] is request
+            positions.append(positions[-1] + 1 if follows else len(request.output_token_ids))
+        rows = [SamplingRow(r.params, r.seed, position) for r, position in zip(requests, positions, strict=True)]
         tokens = sample_tokens(logits, rows).tolist()
         counts = [r.params.logprobs for r in requests]
         entries = token_logprobs(logits, tokens, counts) if any(counts) else [None] * len(requests)
-        return {
-            request.request_id: SampledToken(token, entry if request.params.logprobs > 0 else None)
-            for request, token, entry in zip(requests, tokens, entries, strict=True)
-        }
+        entries = [entry if count > 0 else None for entry, count in zip(entries, counts, strict=True)]
+        drafts = {chunk.request_id: chunk.draft_token_ids for chunk in plan.chunks if chunk.draft_token_ids}
+        results: dict[str, SampledToken] = {}
+        row = 0
+        while row < len(requests):
+            request = requests[row]
+            draft = drafts.get(request.request_id, ())
+            end = row + 1 + len(draft)
+            if draft:
+                eos = self.model_config.eos_token_ids
+                limits = FinishLimits.of(request.params, len(request.prompt_token_ids), eos, self.config.model_len)
+                stop = limits.stop_token_ids
+                results[request.request_id] = verified_token(draft, tokens[row:end], entries[row:end], stop)
+            else:
+                results[request.request_id] = SampledToken(tokens[row], entries[row])
+            row = end
+        return results

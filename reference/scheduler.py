@@ -6,24 +6,34 @@ It follows the policy written in spec.scheduling step for step; read that docstr
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from reference.block_allocator import BlockAllocator
 from spec.block_hash import HashFunction, hash_block
 from spec.engine_config import EngineConfig
 from spec.invariants import RequestState, SchedulerSnapshot
-from spec.request import FinishReason, Request, RequestStatus, finish_reason
-from spec.scheduling import ScheduledChunk, StepPlan, max_prefix_hit_blocks
+from spec.request import FinishLimits, FinishReason, Request, RequestStatus, finish_reason
+from spec.scheduling import ScheduledChunk, StepPlan, draft_room, max_prefix_hit_blocks
+from spec.speculative import DraftProposer, draft_limit, make_ngram_proposer
 
 
 class Scheduler:
     """Changes a `Request` only through its methods (spec.request's contract)."""
 
     def __init__(
-        self, config: EngineConfig, eos_token_ids: Sequence[int] = (), hash_function: HashFunction = hash_block
+        self,
+        config: EngineConfig,
+        eos_token_ids: Sequence[int] = (),
+        hash_function: HashFunction = hash_block,
+        proposer: DraftProposer | None = None,
     ) -> None:
+        """proposer: drafts for speculative decoding (config.speculative); None: prompt lookup where the
+        method is "ngram" (a draft model is the engine's to build)."""
         self.config = config
         self.eos_token_ids = frozenset(eos_token_ids)
+        if config.speculative is not None and proposer is None:
+            proposer = make_ngram_proposer(config.speculative)
+        self.proposer = proposer if config.speculative is not None else None
         self.allocator = BlockAllocator(
             config.pool_blocks, config.block_size, config.enable_prefix_caching, hash_function
         )
@@ -33,6 +43,7 @@ class Scheduler:
         # a request that falls out of both is visible to the invariant checks.
         self._active: dict[str, Request] = {}
         self._scheduled: dict[str, int] = {}  # request id -> tokens scheduled in the current step
+        self._drafted: dict[str, int] = {}  # request id -> draft tokens of its verify chunk in the current step
         self._admission: dict[str, tuple[int, int]] = {}  # request id -> (cached tokens, tokens) at admission
 
     @property
@@ -50,6 +61,7 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         preempted: list[str] = []
         self._scheduled = {}
+        self._drafted = {}
 
         index = 0
         while index < len(self.running) and budget > 0:
@@ -63,6 +75,7 @@ class Scheduler:
 
         admitted: list[str] = []
         if not preempted:
+            budget = self._add_drafts(chunks, budget)
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 request = self.waiting[0]
                 num_tokens = self._try_admit(request, budget)
@@ -74,6 +87,49 @@ class Scheduler:
                 chunks.append(self._chunk(request, num_tokens))
                 budget -= num_tokens
         return StepPlan(chunks=tuple(chunks), preempted=tuple(preempted), admitted=tuple(admitted))
+
+    def _add_drafts(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        """Speculative decoding (spec.scheduling step 2b): drafts join the decoding chunks as far as the
+        budget and the free blocks allow; the budget left."""
+        if self.proposer is None or budget <= 0:
+            return budget
+        by_id = {request.request_id: request for request in self.running}
+        candidates: list[tuple[int, Request, int]] = []  # (chunk index, request, draft limit)
+        for index, chunk in enumerate(chunks):
+            request = by_id[chunk.request_id]
+            if chunk.num_tokens == 1 and chunk.samples:
+                limits = FinishLimits.of(
+                    request.params, len(request.prompt_token_ids), self.eos_token_ids, self.config.model_len
+                )
+                limit = draft_limit(
+                    self.config.speculative.num_speculative_tokens, len(request.output_token_ids), limits.max_outputs
+                )
+                if limit > 0:
+                    candidates.append((index, request, limit))
+        if not candidates:
+            return budget
+        drafts = self.proposer.propose([r.all_token_ids for _, r, _ in candidates], [limit for *_, limit in candidates])
+        for (index, request, limit), draft in zip(candidates, drafts, strict=True):
+            if budget <= 0:
+                break
+            covered = request.num_tokens  # the chunk's one token is the request's last
+            room = draft_room(
+                len(self.allocator.block_table(request.request_id)),
+                self.allocator.num_free_blocks,
+                self.config.block_size,
+                covered,
+            )
+            draft = tuple(draft[: min(limit, budget, room)])
+            if not draft:
+                continue
+            if not self.allocator.allocate_slots(request.request_id, covered + len(draft)):
+                raise RuntimeError("allocator refused blocks that draft_room counted as free")
+            chunk = chunks[index]
+            chunks[index] = ScheduledChunk(chunk.request_id, chunk.start, 1 + len(draft), True, draft)
+            self._scheduled[request.request_id] = 1 + len(draft)
+            self._drafted[request.request_id] = len(draft)
+            budget -= len(draft)
+        return budget
 
     def _grow_or_preempt(self, request: Request, num_tokens: int, preempted: list[str]) -> bool:
         """Cover `num_tokens` of `request`, preempting the newest running requests if needed.
@@ -116,13 +172,18 @@ class Scheduler:
             samples=start + num_tokens == request.num_tokens,
         )
 
-    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
+    def update(self, plan: StepPlan, sampled: Mapping[str, int | Sequence[int]]) -> list[Request]:
         """Apply a step's results: computed counts, prefix-cache registration, new tokens, finishes.
-        `sampled` maps each sampling chunk's request id to its new token. Returns finished requests."""
+        `sampled` maps each sampling chunk's request id to its new token (a verify chunk's: its tokens, in
+        order). Returns finished requests."""
         by_id = {request.request_id: request for request in self.running}
         finished: list[Request] = []
         for chunk in plan.chunks:
             request = by_id[chunk.request_id]
+            if chunk.draft_token_ids:
+                if self._update_verified(request, sampled[request.request_id]):
+                    finished.append(request)
+                continue
             old_computed = request.num_computed_tokens
             request.advance_computed(chunk.num_tokens)
             self.allocator.commit_tokens(
@@ -135,7 +196,28 @@ class Scheduler:
                     self._finish(request, reason)
                     finished.append(request)
         self._scheduled = {}
+        self._drafted = {}
         return finished
+
+    def _update_verified(self, request: Request, tokens: int | Sequence[int]) -> bool:
+        """Apply a verify chunk's tokens (spec.speculative.accepted_tokens); whether the request finished."""
+        tokens = (tokens,) if isinstance(tokens, int) else tuple(tokens)
+        reason = None
+        for token in tokens:
+            if reason is not None:
+                raise RuntimeError(f"request {request.request_id!r} got tokens after it finished ({reason.value})")
+            request.append_token(token)
+            reason = finish_reason(request, self.eos_token_ids, self.config.model_len)
+        old_computed = request.num_computed_tokens
+        # The last token and the accepted draft tokens have K/V; the newest token does not (yet).
+        request.advance_computed(len(tokens))
+        new_computed = request.num_computed_tokens
+        self.allocator.commit_tokens(request.request_id, request.all_token_ids, old_computed, new_computed)
+        self.allocator.truncate(request.request_id, request.num_computed_tokens)
+        if reason is not None:
+            self._finish(request, reason)
+            return True
+        return False
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
         if request.status is RequestStatus.RUNNING:
@@ -163,6 +245,7 @@ class Scheduler:
                 num_scheduled_tokens=self._scheduled.get(request.request_id, 0),
                 cached_tokens_at_admission=cached,
                 tokens_at_admission=tokens,
+                num_draft_tokens=self._drafted.get(request.request_id, 0),
             )
         return SchedulerSnapshot(
             config=self.config,

@@ -18,6 +18,7 @@ from spec.errors import (
 from spec.model_config import ModelConfig, RopeScaling
 from spec.request import FinishReason, RequestOutput, RequestStatus, TokenLogprobs
 from spec.sampling_params import SamplingParams
+from spec.speculative import SpeculativeConfig
 
 __all__ = [
     "CheckpointError",
@@ -32,6 +33,7 @@ __all__ = [
     "RopeScaling",
     "SamplingParams",
     "SamplingParamsError",
+    "SpeculativeConfig",
     "TokenLogprobs",
     "TwinferError",
 ]

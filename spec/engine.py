@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -20,6 +20,7 @@ from spec.request import Request, RequestOutput, TokenLogprobs, check_request
 from spec.sampling import top_logprobs
 from spec.sampling_params import MAX_SEED, SamplingParams
 from spec.scheduling import StepPlan
+from spec.speculative import accepted_tokens
 
 
 @runtime_checkable
@@ -68,6 +69,13 @@ class SampledToken(NamedTuple):
 
     token_id: int
     logprobs: TokenLogprobs | None
+    # A verify chunk (speculative decoding) appends several tokens: the ones after token_id, in order.
+    more: tuple[SampledToken, ...] = ()
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """Every token this step appends for the request."""
+        return (self.token_id, *(token.token_id for token in self.more))
 
 
 class ScheduledEngine(ABC):
@@ -144,7 +152,11 @@ class ScheduledEngine(ABC):
     def _run_plan(self, plan: StepPlan) -> list[RequestOutput]:
         """Execute a scheduled plan, apply its tokens through the scheduler, conclude the step."""
         sampled = self.execute(plan)
-        finished = self.scheduler.update(plan, {request_id: s.token_id for request_id, s in sampled.items()})
+        if self.config.speculative is None:
+            tokens: dict[str, int | tuple[int, ...]] = {request_id: s.token_id for request_id, s in sampled.items()}
+        else:  # a verify chunk's tokens as a tuple
+            tokens = {request_id: s.token_ids if s.more else s.token_id for request_id, s in sampled.items()}
+        finished = self.scheduler.update(plan, tokens)
         return self._conclude(sampled, finished)
 
     def _conclude(self, sampled: dict[str, SampledToken], finished: list[Request]) -> list[RequestOutput]:
@@ -155,6 +167,8 @@ class ScheduledEngine(ABC):
             stepped.append(request)
             if token.logprobs is not None:
                 request.append_logprobs(token.logprobs)
+                for following in token.more:
+                    request.append_logprobs(following.logprobs)
         for request in finished:
             del self._requests[request.request_id]
         if self.monitor is not None:
@@ -192,7 +206,7 @@ class SchedulerLike(Protocol):
     def has_unfinished(self) -> bool: ...
     def add(self, request: Request) -> None: ...
     def schedule(self) -> StepPlan: ...
-    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]: ...
+    def update(self, plan: StepPlan, sampled: Mapping[str, int | Sequence[int]]) -> list[Request]: ...
     def abort(self, request: Request) -> None: ...
     def snapshot(self) -> SchedulerSnapshot: ...
 
@@ -225,3 +239,16 @@ def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], counts: Sequence
         TokenLogprobs(token, chosen_list[row], tuple(zip(ids_list[row][:count], values_list[row][:count], strict=True)))
         for row, (token, count) in enumerate(zip(tokens, counts, strict=True))
     ]
+
+
+def verified_token(
+    draft: Sequence[int],
+    sampled: Sequence[int],
+    entries: Sequence[TokenLogprobs | None],
+    stop_token_ids: frozenset[int],
+) -> SampledToken:
+    """A verify chunk's result: the tokens spec.speculative.accepted_tokens keeps of the ones sampled at
+    its positions, each with its position's logprobs entry (None where none were asked for)."""
+    tokens = accepted_tokens(draft, sampled, stop_token_ids)
+    following = tuple(SampledToken(token, entries[index]) for index, token in enumerate(tokens) if index)
+    return SampledToken(tokens[0], entries[0], following)

@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
+from spec.speculative import SpeculativeConfig
 
 DEFAULT_NUM_BLOCKS = 1024
 
@@ -75,6 +76,11 @@ class EngineConfig:
         GPUs of one host) and the message is decode-sized (fast/kernels/all_reduce_norm.py); the
         sum is taken in rank order in fp32 and rounded once. Elsewhere, and with one rank, it
         changes nothing. The reference engine ignores it.
+    speculative: speculative decoding (spec.speculative.SpeculativeConfig); None: off.
+        Decoding requests carry up to K drafted tokens, verified in one chunk by the model itself;
+        the output is the output without speculation (spec.speculative says how exactly). Verify
+        steps need their sampled tokens before the next step can be planned, so async scheduling
+        is off with it (None resolves to off; True is a ConfigError).
     """
 
     block_size: int = 16
@@ -91,6 +97,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     programmatic_dependent_launch: bool | None = None
     fused_all_reduce_norm: bool = False
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
@@ -117,6 +124,16 @@ class EngineConfig:
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise ConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        if self.speculative is not None:
+            if not isinstance(self.speculative, SpeculativeConfig):
+                raise ConfigError(
+                    f"engine setting 'speculative' must be a SpeculativeConfig or None, got {self.speculative!r}"
+                )
+            if self.async_scheduling:
+                raise ConfigError(
+                    "speculative decoding needs each verify step's tokens before the next step is planned: "
+                    "turn async_scheduling off (or leave it None)"
+                )
 
     def resolved(
         self, model: ModelConfig, num_blocks: int | None = None, batches: BatchDefaults = SMALL_BATCHES
@@ -141,7 +158,16 @@ class EngineConfig:
             num_blocks=pool,
             max_num_seqs=_given_or(self.max_num_seqs, batches.max_num_seqs),
             max_num_batched_tokens=_given_or(self.max_num_batched_tokens, batches.max_num_batched_tokens),
-            async_scheduling=_given_or(self.async_scheduling, batches.async_scheduling),
+            # Speculation plans each step from the last one's accepted tokens: never ahead.
+            async_scheduling=_given_or(self.async_scheduling, batches.async_scheduling and self.speculative is None),
+        )
+
+    def for_draft_model(self) -> EngineConfig:
+        """The settings of the engine that runs a draft model (spec.speculative.DraftModelProposer) for an
+        engine with these (resolved) settings: the same block size, pool size, batch limits, context and
+        batch-invariant mode, on one device, with no speculation of its own and no invariant checks."""
+        return replace(
+            self, speculative=None, check_invariants=False, tensor_parallel_size=1, fused_all_reduce_norm=False
         )
 
     @property

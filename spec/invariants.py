@@ -79,6 +79,8 @@ class RequestState:
     num_scheduled_tokens: int  # tokens scheduled in the current step (0 between steps)
     cached_tokens_at_admission: int  # prefix-cache hit at the last admission
     tokens_at_admission: int  # len(token_ids) at the last admission
+    # Of num_scheduled_tokens: draft tokens of a verify chunk (speculative decoding), not in token_ids.
+    num_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -218,11 +220,25 @@ def _check_waiting_request(snapshot: SchedulerSnapshot, state: RequestState) -> 
 def _check_running_request(snapshot: SchedulerSnapshot, state: RequestState) -> None:
     block_size = snapshot.config.block_size
     covered = state.num_computed_tokens + state.num_scheduled_tokens
-    if not (0 <= state.num_computed_tokens and covered <= len(state.token_ids) and state.num_scheduled_tokens >= 0):
+    drafts = state.num_draft_tokens
+    speculative = snapshot.config.speculative
+    max_drafts = speculative.num_speculative_tokens if speculative is not None else 0
+    # A verify chunk covers the request's last token and its draft: nothing else, so drafts extend only
+    # a request whose one uncomputed token is scheduled.
+    is_verify = drafts == 0 or (
+        state.num_computed_tokens + 1 == len(state.token_ids) and state.num_scheduled_tokens == 1 + drafts
+    )
+    if not (
+        0 <= state.num_computed_tokens
+        and covered <= len(state.token_ids) + drafts
+        and state.num_scheduled_tokens >= 0
+        and 0 <= drafts <= max_drafts
+        and is_verify
+    ):
         _fail(
             COMPUTED_WITHIN_TOKENS,
             f"request {state.request_id!r}: {state.num_computed_tokens} computed + {state.num_scheduled_tokens} "
-            f"scheduled of {len(state.token_ids)} tokens",
+            f"scheduled ({drafts} of them drafted) of {len(state.token_ids)} tokens",
         )
     table = snapshot.allocator.block_tables.get(state.request_id, ())
     needed = -(-covered // block_size)

@@ -13,6 +13,16 @@ Policy, one step (two implementations that follow it make identical decisions):
    put at the front of the waiting queue. This repeats until the growth succeeds or the
    request itself was the one preempted (then the running pass ends).
    budget -= n for each request given tokens.
+2b. Speculative decoding only (EngineConfig.speculative, spec.speculative), only if nothing
+   was preempted in this step: every chunk of step 2 that is a single token and samples (a
+   decoding request) asks the proposer, all in one call, for a draft of at most
+   draft_limit(K, outputs, max_outputs) = min(K, max_outputs - outputs - 1) tokens (so the
+   step can never take the request past max_tokens or max_model_len). In running order, each
+   draft is cut to min(budget, `draft_room`) tokens: draft_room is what the request's table and
+   the free blocks can cover beyond its chunk, so a draft never preempts anyone and never
+   takes a block a plain step would need from a request scheduled before it. A draft left
+   non-empty joins its chunk (a verify chunk: the last token and the draft, n = 1 + len(draft),
+   draft_token_ids set), its table grows to cover it, and budget -= len(draft).
 3. Only if nothing was preempted in this step: admission of waiting requests, first come first
    served, while budget > 0 and fewer than max_num_seqs requests run. For the request at the
    head of the queue: its prefix-cache hit is the longest run of leading full blocks of its
@@ -37,6 +47,16 @@ max_tokens output tokens or reaches max_model_len tokens. Finished requests free
 blocks (hashed ones stay cached, freed from the last block to the first so that a prefix's
 head outlives its tail).
 
+A verify chunk instead samples at each of its 1 + len(draft) positions (position j with the
+noise of output position outputs + j) and appends spec.speculative.accepted_tokens: the
+model's tokens up to and including the first that differs from the draft, cut after a stop
+token; each is checked for a finish as above (only the last may finish the request). Its
+computed count grows by the number of tokens appended (the last token and the accepted draft
+tokens; the newest token stays uncomputed, as after a plain step), only those are registered
+in the prefix cache, and the blocks past the computed tokens are freed (rolled back) to the
+head of the free queue, first block first: they hold no registered token, so reusing them
+first evicts nothing from the prefix cache.
+
 A request is rejected when added (InvalidRequestError, nothing else changes) when its prompt is
 empty, holds ids outside the vocabulary, is not shorter than max_model_len, or when the tokens
 it would ever hold in the cache, min(prompt + max_tokens, max_model_len) - 1, need more blocks
@@ -57,6 +77,9 @@ class ScheduledChunk:
     start: int
     num_tokens: int
     samples: bool  # the chunk reaches the request's last token: a new token is sampled
+    # A verify chunk (speculative decoding): the draft tokens after the request's last token, the
+    # chunk's last len(draft_token_ids) tokens (num_tokens counts them). Empty for every other chunk.
+    draft_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,3 +109,9 @@ def max_prefix_hit_blocks(num_tokens: int, block_size: int, wants_prompt_logprob
 def slot_of(block_table: Sequence[int], position: int, block_size: int) -> int:
     """The KV-cache slot of token `position` of a request: block_id * block_size + offset."""
     return block_table[position // block_size] * block_size + position % block_size
+
+
+def draft_room(table_blocks: int, free_blocks: int, block_size: int, num_covered: int) -> int:
+    """Draft tokens a request whose table of `table_blocks` blocks covers `num_covered` scheduled tokens
+    can add with the pool's free blocks alone (no preemption)."""
+    return (table_blocks + free_blocks) * block_size - num_covered

@@ -2,6 +2,7 @@
 
 from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
+from spec.speculative import SpeculativeConfig
 from twinfer.llm import LLM
 
-__all__ = ["LLM", "EngineConfig", "SamplingParams"]
+__all__ = ["LLM", "EngineConfig", "SamplingParams", "SpeculativeConfig"]

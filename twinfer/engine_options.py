@@ -3,7 +3,9 @@
 Deriving them keeps the CLI in step with `spec.engine_config`: a setting added there is offered
 by `twinfer generate`, `twinfer bench` and the server without touching this module. Every option
 defaults to None, meaning "EngineConfig's own default", so only the settings a user gave are
-passed on.
+passed on. The one nested setting, `speculative` (spec.speculative.SpeculativeConfig), has options
+of its own: `--speculative-method`, `--num-speculative-tokens`, `--speculative-draft-model` and
+`--speculative-ngram-min/-max`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import typing
 from typing import Any
 
 from spec.engine_config import EngineConfig
+from spec.errors import ConfigError
+from spec.speculative import METHODS, SpeculativeConfig
 
 _OPTION_TYPES: tuple[type, ...] = (bool, int, float, str)
 
@@ -53,15 +57,69 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             )
         else:
             group.add_argument(option.flag, dest=option.field, type=option.value_type, default=None, help=option.help)
+    speculative = parser.add_argument_group("speculative decoding (spec.speculative.SpeculativeConfig)")
+    speculative.add_argument(
+        "--speculative-method",
+        choices=METHODS,
+        default=None,
+        help="draft tokens by prompt lookup (ngram) or a smaller model of the same family (draft-model); "
+        "the output is the output without speculation (default: off)",
+    )
+    speculative.add_argument(
+        "--num-speculative-tokens", type=int, default=None, help="K: the most draft tokens a step verifies"
+    )
+    speculative.add_argument(
+        "--speculative-draft-model", default=None, help="the draft checkpoint, for --speculative-method draft-model"
+    )
+    for end in ("min", "max"):
+        speculative.add_argument(
+            f"--speculative-ngram-{end}", type=int, default=None, help=f"prompt lookup's {end}imum n-gram length"
+        )
+
+
+_SPECULATIVE_ARGUMENTS = {
+    "num_speculative_tokens": "num_speculative_tokens",
+    "speculative_draft_model": "draft_model",
+    "speculative_ngram_min": "ngram_min",
+    "speculative_ngram_max": "ngram_max",
+}
 
 
 def given_engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The engine settings named on the command line (the others keep EngineConfig's defaults)."""
-    return {
+    settings = {
         option.field: getattr(args, option.field)
         for option in engine_options()
         if getattr(args, option.field, None) is not None
     }
+    speculative = _speculative_config(args)
+    if speculative is not None:
+        settings["speculative"] = speculative
+    return settings
+
+
+def _speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
+    """SpeculativeConfig from --speculative-method and its companions (a ConfigError naming what is missing)."""
+    given = {
+        field: getattr(args, argument)
+        for argument, field in _SPECULATIVE_ARGUMENTS.items()
+        if getattr(args, argument, None) is not None
+    }
+    method = getattr(args, "speculative_method", None)
+    if method is None:
+        if given:
+            flags = ", ".join(
+                "--" + argument.replace("_", "-")
+                for argument in _SPECULATIVE_ARGUMENTS
+                if getattr(args, argument, None) is not None
+            )
+            raise ConfigError(f"{flags} need --speculative-method ({' or '.join(METHODS)})")
+        return None
+    if "num_speculative_tokens" not in given:
+        raise ConfigError(
+            "--speculative-method needs --num-speculative-tokens K (the most draft tokens a step verifies)"
+        )
+    return SpeculativeConfig(method, **given)
 
 
 def engine_config_from_args(args: argparse.Namespace, **defaults: Any) -> EngineConfig:

@@ -17,7 +17,7 @@ import json
 import logging
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from functools import partial
 from pathlib import Path
 
@@ -271,7 +271,10 @@ def run_engine(name: str, settings: BenchSettings) -> dict[str, object]:
         _release_memory(settings.device)
     return {
         "engine": name,
-        "engine_settings_given": settings.engine_settings,
+        # JSON: the one nested setting (speculative) as its fields
+        "engine_settings_given": {
+            key: asdict(value) if is_dataclass(value) else value for key, value in settings.engine_settings.items()
+        },
         "phases": phases,
         "comparisons": prefix_caching_comparison(settings.workload, runs_by_label),
     }

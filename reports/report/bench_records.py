@@ -100,12 +100,23 @@ def settings_flags(given: Mapping[str, Any]) -> str:
     flags = _engine_flags()
     words = []
     for name, value in given.items():
+        if name == "speculative" and isinstance(value, Mapping):  # SpeculativeConfig's fields: their own flags
+            words.append(speculative_flags(value))
+            continue
         flag = flags.get(name, "--" + name.replace("_", "-"))  # a setting this version no longer has
         if isinstance(value, bool):
             words.append(flag if value else "--no-" + flag.removeprefix("--"))
         else:
             words.append(f"{flag} {value}")
     return " ".join(words) or DEFAULTS_LABEL
+
+
+def speculative_flags(fields: Mapping[str, Any]) -> str:
+    """A recorded SpeculativeConfig as the flags that give it (twinfer.engine_options)."""
+    words = [f"--speculative-method {fields['method']}", f"--num-speculative-tokens {fields['num_speculative_tokens']}"]
+    if fields.get("draft_model"):
+        words.append(f"--speculative-draft-model {fields['draft_model']}")
+    return " ".join(words)
 
 
 @cache

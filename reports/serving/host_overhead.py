@@ -88,13 +88,14 @@ DIGEST_LOGPROBS_EVERY = 7  # the digest run asks every 7th request for logprobs=
 
 
 class StubRunner:
-    """What FastEngine reads of its ModelRunner (config, max_step_seqs, device, run), without a model."""
+    """What FastEngine reads of its ModelRunner (config, max_step_seqs, max_sample_rows, device, run), no model."""
 
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, vocab_size: int) -> None:
         self.device = torch.device("cpu")
         self.config = device_settings(engine_config, model_config, self.device)  # as ModelRunner resolves it
         config = self.config
         self.max_step_seqs = min(config.max_num_seqs, config.max_num_batched_tokens)
+        self.max_sample_rows = self.max_step_seqs  # no speculative decoding here: one sampled row per sequence
         self.inputs = InputBatch(
             config.max_num_batched_tokens,
             self.max_step_seqs,
@@ -167,7 +168,7 @@ class HostOnlyFastEngine(FastEngine):
         self.model_config = model_config
         self.dtype = torch.bfloat16
         runner = StubRunner(model_config, engine_config, sampler_vocab)
-        self._attach(runner, StubSampler(runner.max_step_seqs, sampler_vocab, self.device))
+        self._attach(runner, StubSampler(runner.max_sample_rows, sampler_vocab, self.device))
 
 
 # ----------------------------------------------------------------------------- same behaviour

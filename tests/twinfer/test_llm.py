@@ -22,7 +22,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 
 def test_public_names() -> None:
-    assert set(twinfer.__all__) == {"LLM", "SamplingParams", "EngineConfig"}
+    assert set(twinfer.__all__) == {"LLM", "SamplingParams", "EngineConfig", "SpeculativeConfig"}
     assert SamplingParams is twinfer.SamplingParams and EngineConfig is twinfer.EngineConfig
 
 
