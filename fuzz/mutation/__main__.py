@@ -1,0 +1,51 @@
+"""`python -m fuzz.mutation`: mutate the targets of targets.toml, run each mutant's tests, write the record.
+
+On a CPU-only machine run it as `CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 python -m fuzz.mutation ...`
+(the fast engine's tests then go through Triton's interpreter, as in CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from fuzz.mutation.run import RunOptions, run_mutation
+
+DEFAULT_OUT = Path(".mutation/record.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fuzz.mutation", description=__doc__.splitlines()[0])
+    parser.add_argument("--modules", help="comma-separated target modules (default: every one of targets.toml)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (default: cores)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the JSON record (default {DEFAULT_OUT})")
+    parser.add_argument("--max-mutants", type=int, help="at most this many mutants per module, evenly spread")
+    parser.add_argument("--time-limit-s", type=float, help="stop queueing mutants after this long; the record says so")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    options = RunOptions(
+        out=args.out,
+        workers=args.workers,
+        command=shlex.join(["python", "-m", "fuzz.mutation", *(argv if argv is not None else sys.argv[1:])]),
+        modules=[name.strip() for name in args.modules.split(",")] if args.modules else None,
+        max_mutants=args.max_mutants,
+        time_limit_s=args.time_limit_s,
+    )
+    record = run_mutation(options).to_json(complete=True)
+    for module in record["modules"]:
+        score = "-" if module["score"] is None else f"{100 * module['score']:.1f}%"
+        print(
+            f"{module['module']}: {score} ({module['killed']} killed, {module['survived']} survived, "
+            f"{module['equivalent']} equivalent, {module['errors']} errors of {module['mutants']}; "
+            f"{module['seconds']:.0f} s) {'' if module['baseline'] == 'passed' else module['baseline'][:200]}"
+        )
+    print(f"record: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
