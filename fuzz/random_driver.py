@@ -24,6 +24,8 @@ from hypothesis.control import BuildContext
 from hypothesis.internal.conjecture.data import ConjectureData
 from hypothesis.stateful import RuleBasedStateMachine
 
+from fuzz.fast_draws import FastDraws
+
 
 @dataclass
 class ExampleTrace:
@@ -40,27 +42,27 @@ def run_example(machine_class: type[RuleBasedStateMachine], seed: int, max_steps
     rng = random.Random(seed)
     trace = ExampleTrace(seed)
     machine = machine_class()
-    try:
-        for rule in list(machine._initialize_rules_to_run):
-            _run_rule(machine, rule, rng, trace)
-        machine._initialize_rules_to_run.clear()
-        for _ in range(max_steps):
-            enabled = [rule for rule in machine.rules if all(check(machine) for check in rule.preconditions)]
-            if not enabled:
-                break
-            _run_rule(machine, enabled[rng.randrange(len(enabled))], rng, trace)
-        machine.teardown()
-    except Exception as failure:
-        failure.trace = trace  # type: ignore[attr-defined]
-        raise
+    draws = FastDraws(rng, machine)
+    # Strategies' bookkeeping (`.map` records its calls) expects a build context: an idle one serves.
+    with BuildContext(ConjectureData(random=rng), is_final=False, wrapped_test=None):
+        try:
+            for rule in list(machine._initialize_rules_to_run):
+                _run_rule(machine, rule, draws, trace)
+            machine._initialize_rules_to_run.clear()
+            for _ in range(max_steps):
+                enabled = [rule for rule in machine.rules if all(check(machine) for check in rule.preconditions)]
+                if not enabled:
+                    break
+                _run_rule(machine, enabled[rng.randrange(len(enabled))], draws, trace)
+            machine.teardown()
+        except Exception as failure:
+            failure.trace = trace  # type: ignore[attr-defined]
+            raise
     return trace
 
 
-def _run_rule(machine: RuleBasedStateMachine, rule: Any, rng: random.Random, trace: ExampleTrace) -> None:
-    data = ConjectureData(random=rng)  # a fresh one per rule: a long example never overruns its buffer
-    data.hypothesis_runner = machine  # what st.runner() draws
-    with BuildContext(data, is_final=False, wrapped_test=None):  # what strategies' bookkeeping expects
-        arguments = {name: data.draw(strategy) for name, strategy in rule.arguments_strategies.items()}
+def _run_rule(machine: RuleBasedStateMachine, rule: Any, draws: FastDraws, trace: ExampleTrace) -> None:
+    arguments = {name: draws.draw(strategy) for name, strategy in rule.arguments_strategies.items()}
     function: Callable[..., Any] = rule.function
     trace.steps.append(f"{function.__name__}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})")
     function(machine, **arguments)
