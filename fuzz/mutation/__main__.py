@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         score = "-" if module["score"] is None else f"{100 * module['score']:.1f}%"
         print(
             f"{module['module']}: {score} ({module['killed']} killed, {module['survived']} survived, "
-            f"{module['equivalent']} equivalent, {module['errors']} errors; {module['done']} of {module['mutants']} run, "
+            f"{module['equivalent']} equivalent, {module['errors']} errors; "
+            f"{module['done']} of {module['mutants']} run, "
             f"{module['seconds']:.0f} s) {'' if module['baseline'] == 'passed' else module['baseline'][:200]}"
         )
     print(f"{'complete' if record['complete'] else 'incomplete: ' + record['note']}; record: {args.out}")
