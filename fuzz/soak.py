@@ -75,18 +75,21 @@ def soak_process(index: int, seed: int, steps: int, options: SoakOptions) -> Non
     rng = random.Random(seed)
     started = time.monotonic()
     state: dict[str, Any] = {"index": index, "seed": seed, "target_steps": steps, "failures": [], "examples": 0}
+    state["seconds_by_machine"] = {name: 0.0 for name in MACHINES}  # where the time goes: steps/s per machine
     path = options.out / PROCESS_FILE.format(index=index)
     done = 0
     while done < steps and time.monotonic() - started < options.time_limit_s:
         name = MACHINES[state["examples"] % len(MACHINES)]
         example_seed = rng.getrandbits(64)
         before = stats.counters(machines[name].stats_label).get("steps", 0)
+        example_started = time.monotonic()
         try:
             run_example(machines[name], example_seed, options.steps_per_example)
         except Exception as failure:  # a check failed: record how to replay it, stop this process
             state["failures"].append(_failure(name, example_seed, failure))
             break
         finally:
+            state["seconds_by_machine"][name] += time.monotonic() - example_started
             done += stats.counters(machines[name].stats_label).get("steps", 0) - before
             state["examples"] += 1
             _write(path, {**state, "steps": done, "seconds": round(time.monotonic() - started, 2),
@@ -122,6 +125,8 @@ def summarise(options: SoakOptions, command: str, started: float, finished: bool
             for counter, value in counters.items():
                 summed[counter] = summed.get(counter, 0) + value
     failures = [failure for process in processes for failure in process.get("failures", [])]
+    labels = {name: machine.stats_label for name, machine in machine_classes().items()}
+    busy = {name: sum(p.get("seconds_by_machine", {}).get(name, 0.0) for p in processes) for name in MACHINES}
     wall = time.monotonic() - started
     steps = sum(process.get("steps", 0) for process in processes)
     return {
@@ -140,6 +145,10 @@ def summarise(options: SoakOptions, command: str, started: float, finished: bool
         "examples": sum(process.get("examples", 0) for process in processes),
         "steps_per_second": round(steps / wall, 1) if wall > 0 else None,
         "steps_per_second_per_process": [round(p["steps"] / p["seconds"], 1) for p in processes if p.get("seconds")],
+        "steps_per_busy_second_by_machine": {
+            name: round(machines.get(labels[name], {}).get("steps", 0) / busy[name], 1) if busy[name] else None
+            for name in MACHINES
+        },
         "totals": stats_report.totals(machines),
         "machines": dict(sorted(machines.items())),
         "failures": failures,

@@ -84,3 +84,16 @@ def test_a_forked_run_kills_survives_and_times_out(toy_tree: Path) -> None:
     hangs = MODULE.replace("steps -= 1", "steps -= 0")
     assert run_tests(root, tests, "toy/maths.py", hangs, 3).outcome == TIMEOUT
     assert (toy_tree / "toy" / "maths.py").read_text() == MODULE  # served from memory only
+
+
+def test_saved_mutants_load_back_as_made_and_only_against_the_same_module(toy_tree: Path) -> None:
+    pytest.importorskip("cosmic_ray", reason="cosmic-ray is installed by the optional extra [mutation]")
+    from fuzz.mutation.mutant_file import load_mutants, save_mutants
+    from fuzz.mutation.mutants import mutants_of
+
+    made = mutants_of(toy_tree, "toy/maths.py")
+    save_mutants(toy_tree / "mutants.json", toy_tree, made)
+    assert load_mutants(toy_tree / "mutants.json", toy_tree) == {"toy/maths.py": made}
+    (toy_tree / "toy" / "maths.py").write_text(MODULE + "\n# edited\n")
+    with pytest.raises(ValueError, match="differs from the one"):
+        load_mutants(toy_tree / "mutants.json", toy_tree)

@@ -14,6 +14,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
 from fuzz.mutation.run import RunOptions, run_mutation
 
 DEFAULT_OUT = Path(".mutation/record.json")
@@ -26,14 +28,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the JSON record (default {DEFAULT_OUT})")
     parser.add_argument("--max-mutants", type=int, help="at most this many mutants per module, evenly spread")
     parser.add_argument("--time-limit-s", type=float, help="stop queueing mutants after this long; the record says so")
+    parser.add_argument("--save-mutants", type=Path, help="make the mutants (needs cosmic-ray), save them here, exit")
+    parser.add_argument("--mutants", type=Path, help="run the mutants saved by --save-mutants (no cosmic-ray needed)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    modules = [name.strip() for name in args.modules.split(",")] if args.modules else None
+    if args.save_mutants:
+        return _save(args.save_mutants, modules)
     options = RunOptions(
         out=args.out,
         workers=args.workers,
         command=shlex.join(["python", "-m", "fuzz.mutation", *(argv if argv is not None else sys.argv[1:])]),
-        modules=[name.strip() for name in args.modules.split(",")] if args.modules else None,
+        modules=modules,
         max_mutants=args.max_mutants,
+        mutants_file=args.mutants,
         time_limit_s=args.time_limit_s,
     )
     run_mutation(options)
@@ -47,6 +55,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{module['seconds']:.0f} s) {'' if module['baseline'] == 'passed' else module['baseline'][:200]}"
         )
     print(f"{'complete' if record['complete'] else 'incomplete: ' + record['note']}; record: {args.out}")
+    return 0
+
+
+def _save(path: Path, modules: list[str] | None) -> int:
+    from fuzz.mutation.mutant_file import save_mutants
+    from fuzz.mutation.mutants import mutants_of
+    from fuzz.mutation.run import REPO_ROOT
+    from fuzz.mutation.targets import load_targets, select
+
+    targets = select(load_targets(REPO_ROOT), modules)
+    mutants = [mutant for target in tqdm(targets, desc="modules") for mutant in mutants_of(REPO_ROOT, target.module)]
+    save_mutants(path, REPO_ROOT, mutants)
+    print(f"{len(mutants)} mutants of {len(targets)} modules: {path}")
     return 0
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from fuzz.mutation.equivalent import load_equivalents
+from fuzz.mutation.mutant_file import load_mutants
 from fuzz.mutation.mutants import Mutant, mutants_of
 from fuzz.mutation.record import RunRecord
 from fuzz.mutation.targets import Target, load_targets, select
@@ -41,6 +42,7 @@ class RunOptions:
     command: str
     modules: list[str] | None = None  # None: every target
     max_mutants: int | None = None  # per module, evenly spread (None: all of them)
+    mutants_file: Path | None = None  # mutants saved by --save-mutants (None: made now, with cosmic-ray)
     time_limit_s: float | None = None  # stop queueing and write the record after this long
     root: Path = REPO_ROOT
 
@@ -54,6 +56,7 @@ class RunOptions:
 def run_mutation(options: RunOptions) -> RunRecord:
     targets = select(load_targets(options.root), options.modules)
     equivalents = load_equivalents()
+    saved = None if options.mutants_file is None else load_mutants(options.mutants_file, options.root)
     record = RunRecord(options.out, options.command, *_git_state(options.root), workers=options.workers)
     deadline = None if options.time_limit_s is None else time.monotonic() + options.time_limit_s
     context = multiprocessing.get_context("spawn")  # workers start bare: no first-party module inherited
@@ -62,7 +65,10 @@ def run_mutation(options: RunOptions) -> RunRecord:
         baselines = {t.module: pool.submit(run_tests, root, t.tests, None, None, BASELINE_TIMEOUT_S) for t in targets}
         queued: dict[Future[SelectionRun], Mutant] = {}
         for target in targets:  # mutants are made while the baselines run
-            mutants = spread(mutants_of(options.root, target.module), options.max_mutants)
+            made = mutants_of(options.root, target.module) if saved is None else saved.get(target.module)
+            if made is None:
+                raise ValueError(f"{options.mutants_file} holds no mutants of {target.module}")
+            mutants = spread(made, options.max_mutants)
             baseline = baselines[target.module].result()
             record.add_module(target, baseline, len(mutants))
             record.write()

@@ -147,7 +147,8 @@ def mutation_checks(section: MutationSection | None) -> list[Check]:
             checks.append(Check(f"mutation/{key}", "mutation", f"mutation record {run.path}", run.status, run.detail))
         for module in run.modules:
             if module.score is None:
-                status, detail = Status.NOT_RUN, f"not run: {module.baseline}"
+                why = "the run stopped before them" if module.baseline == "passed" else module.baseline
+                status, detail = Status.NOT_RUN, f"not run: none of its {module.mutants} mutants judged ({why})"
             else:
                 status = Status.PASSED if module.score >= section.target_score else Status.FAILED
                 detail = (
