@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from reports.report.pytest_runs import REPO_ROOT
-from reports.report.records import MutationModule, MutationRun, MutationSection, MutationSurvivor, Status
+from reports.report.records import (
+    MutationModule,
+    MutationRun,
+    MutationSection,
+    MutationSurvivor,
+    Status,
+    combined_status,
+)
 
 COMMITTED_GLOB = "reports/results/mutation/*.json"
 RECORD_KIND = "twinfer-mutation"
@@ -71,10 +78,8 @@ def module_passed(module: MutationModule) -> bool | None:
 
 
 def module_status(modules: tuple[MutationModule, ...]) -> Status:
-    verdicts = [module_passed(module) for module in modules]
-    if False in verdicts:
-        return Status.FAILED
-    return Status.PASSED if True in verdicts else Status.NOT_RUN
+    verdicts = {True: Status.PASSED, False: Status.FAILED, None: Status.NOT_RUN}
+    return combined_status(verdicts[module_passed(module)] for module in modules)
 
 
 def _module(entry: dict[str, Any]) -> MutationModule:
@@ -107,12 +112,5 @@ def _detail(record: dict[str, Any], modules: tuple[MutationModule, ...]) -> str:
 
 
 def _section(runs: tuple[MutationRun, ...]) -> MutationSection:
-    statuses = {run.status for run in runs}
-    if Status.FAILED in statuses:
-        status = Status.FAILED
-    elif Status.PASSED in statuses:
-        status = Status.PASSED
-    else:
-        status = Status.NOT_RUN
     detail = "; ".join(f"{run.path}: {run.detail}" for run in runs) or "no mutation record"
-    return MutationSection(status, detail, TARGET_SCORE, runs)
+    return MutationSection(combined_status(run.status for run in runs), detail, TARGET_SCORE, runs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,14 @@ class Status(enum.StrEnum):
     PASSED = "passed"
     FAILED = "failed"
     NOT_RUN = "not_run"
+
+
+def combined_status(statuses: Iterable[Status]) -> Status:
+    """Failed if any failed, else passed if any passed, else not run: the status of a group of checks."""
+    seen = set(statuses)
+    if Status.FAILED in seen:
+        return Status.FAILED
+    return Status.PASSED if Status.PASSED in seen else Status.NOT_RUN
 
 
 # -- checks and figures: what the summary counts and what --compare matches across runs ------
