@@ -1,14 +1,13 @@
 """Runs a hypothesis state machine with plain random draws: the soak's driver (fuzz/soak.py).
 
-Under `run_state_machine_as_test` most of a step's time is hypothesis's engine, not the machine: it
-records every choice in its tree of examples, mutates earlier examples and keeps them for shrinking
-(profiled: 80% of the allocator machine's time, 176 steps/s). That buys shrinking and coverage-guided
-search, which the pytest runs keep. A soak wants the most steps per second, so here the same
-machines, rules, strategies and checks run with each rule's arguments drawn straight from a seeded
-`random.Random` (a fresh ConjectureData per rule: no engine, no tree). A failure is not shrunk: it is
-reported with the seed and the rules run, which replay it exactly (`run_example`).
+Under `run_state_machine_as_test` a step pays for hypothesis's engine (its tree of examples, mutations of
+earlier examples, what it keeps for shrinking) and for ConjectureData's bookkeeping of every draw: profiled,
+two thirds of an allocator-machine step. That buys shrinking and a guided search, which the pytest runs
+keep. A soak wants the most steps per second, so here the same machines, rules, strategies and checks run
+with each rule's arguments drawn straight from a seeded `random.Random` (fuzz/fast_draws.py). A failure is
+not shrunk: it is reported with the seed and the rules run, and `run_example` with that seed replays it.
 
-It reads the rule tables hypothesis builds for a RuleBasedStateMachine (`rules`,
+It reads the rule tables hypothesis builds for a RuleBasedStateMachine (`rules`, `invariants`,
 `_initialize_rules_to_run`, each rule's `arguments_strategies` and `preconditions`); a hypothesis that
 changes them fails `fuzz/test_soak.py`, not silently.
 """

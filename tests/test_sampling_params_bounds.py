@@ -36,10 +36,11 @@ def test_the_bound_itself_is_accepted(settings: dict[str, object]) -> None:
     assert all(getattr(params, name) == value for name, value in settings.items())
 
 
-def test_logprob_counts_stop_at_twenty() -> None:
+@pytest.mark.parametrize("count", [-1, 21])
+def test_prompt_logprob_counts_are_zero_to_twenty(count: int) -> None:
     assert MAX_LOGPROBS == 20
     with pytest.raises(SamplingParamsError, match=r"prompt_logprobs must be None or in \[0, 20\]"):
-        SamplingParams(prompt_logprobs=21)
+        SamplingParams(prompt_logprobs=count)
 
 
 def test_a_bool_is_not_a_number() -> None:
