@@ -23,10 +23,13 @@ from fuzz.pool_model import PoolModel
 from fuzz.properties import MODEL_AGREEMENT, check_agrees_with_model, check_implementations_agree, violated
 from fuzz.strategies import (
     BLOCK_SIZES,
+    BOOLEANS,
+    RUNNER,
     CountedMachine,
     checked_step,
     draw_fresh_tokens,
     draw_tokens,
+    integers,
     pick,
     prefix_stems,
 )
@@ -76,14 +79,14 @@ def pools(draw: st.DrawFn) -> Pool:
     return Pool(
         num_blocks=draw(st.integers(2, 16)),
         block_size=block_size,
-        enable_prefix_caching=not draw(st.booleans()),  # shrinks to caching on
+        enable_prefix_caching=not draw(BOOLEANS),  # shrinks to caching on
         stems=tuple(map(tuple, draw(prefix_stems(4 * block_size)))),
     )
 
 
 @st.composite
 def prompts(draw: st.DrawFn) -> tuple[int, ...]:
-    machine: AllocatorMachine = draw(st.runner())
+    machine: AllocatorMachine = draw(RUNNER)
     return tuple(draw_tokens(draw, machine.stems, machine.max_prompt_tokens))
 
 
@@ -91,26 +94,26 @@ def prompts(draw: st.DrawFn) -> tuple[int, ...]:
 def admissions(draw: st.DrawFn) -> Admission:
     """A prompt and its first chunk: 1 to all of its tokens past the prefix hit. The hit is the
     model's; the rule checks that every implementation's hit is the same before using the chunk."""
-    machine: AllocatorMachine = draw(st.runner())
+    machine: AllocatorMachine = draw(RUNNER)
     tokens = tuple(draw_tokens(draw, machine.stems, machine.max_prompt_tokens))
     cached_tokens = len(machine.model.cached_prefix(tokens)) * machine.block_size
-    return Admission(tokens, draw(st.integers(1, len(tokens) - cached_tokens)))
+    return Admission(tokens, draw(integers(1, len(tokens) - cached_tokens)))
 
 
 @st.composite
 def live_requests(draw: st.DrawFn) -> str:
-    machine: AllocatorMachine = draw(st.runner())
+    machine: AllocatorMachine = draw(RUNNER)
     return pick(draw, sorted(machine.live))
 
 
 @st.composite
 def computations(draw: st.DrawFn) -> Computation:
     """Sampled tokens to append (at least one when all are computed), then 1 to all uncomputed tokens."""
-    machine: AllocatorMachine = draw(st.runner())
+    machine: AllocatorMachine = draw(RUNNER)
     request_id = pick(draw, sorted(machine.live))
     uncomputed = machine.live[request_id].uncomputed
     appended = draw_fresh_tokens(draw, 0 if uncomputed else 1, machine.block_size + 1)
-    return Computation(request_id, tuple(appended), draw(st.integers(1, uncomputed + len(appended))))
+    return Computation(request_id, tuple(appended), draw(integers(1, uncomputed + len(appended))))
 
 
 class AllocatorMachine(CountedMachine):

@@ -27,6 +27,15 @@ _REPRODUCIBLE = dict(
 )
 settings.register_profile("ci", max_examples=100, stateful_step_count=50, **_REPRODUCIBLE)
 settings.register_profile("deep", max_examples=1200, stateful_step_count=200, **_REPRODUCIBLE)
+# Long runs bounded by a time limit, not an example count: random (seeded with --hypothesis-seed, so that
+# runs side by side draw different examples), counters written as they go ($TWINFER_FUZZ_STATS_LIVE).
+# The engine fuzzer takes its example count from $TWINFER_FUZZ_MAX_EXAMPLES (fuzz/test_engine_fuzz.py).
+settings.register_profile(
+    "soak",
+    max_examples=1_000_000,
+    stateful_step_count=50,
+    **{**_REPRODUCIBLE, "derandomize": False},
+)
 
 # The fuzzers default to `ci`; a profile chosen on the command line (loaded by hypothesis's
 # pytest plugin) is left alone.

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spec.block_hash import hash_full_blocks
-from spec.scheduling import max_prefix_hit_blocks
 
 
 @dataclass
@@ -68,7 +67,9 @@ class PoolModel:
     def cached_prefix(self, token_ids: Sequence[int]) -> list[int]:
         if not self.enable_prefix_caching:
             return []
-        limit = max_prefix_hit_blocks(len(token_ids), self.block_size)
+        # In the model's own words, not spec.scheduling.max_prefix_hit_blocks: both schedulers call that
+        # function, so a slip in it would pass every twin check (the mutation run showed one surviving).
+        limit = (len(token_ids) - 1) // self.block_size  # at least one token left to compute
         hits: list[int] = []
         for index, block_hash in enumerate(hash_full_blocks(token_ids, self.block_size, limit)):
             block_id = self.cached.get(block_hash)

@@ -32,7 +32,7 @@ from fuzz.properties import (
     check_implementations_agree,
     violated,
 )
-from fuzz.strategies import CountedMachine, checked_step, draw_tokens, pick, prefix_stems
+from fuzz.strategies import BOOLEANS, RUNNER, CountedMachine, checked_step, draw_tokens, integers, pick, prefix_stems
 from fuzz.workload import (
     EOS_TOKEN_IDS,
     GENERATED_ALPHABET,
@@ -133,16 +133,16 @@ def engine_setups(draw: st.DrawFn) -> EngineSetup:
 def request_drafts(draw: st.DrawFn) -> RequestDraft:
     """Prompts up to the pool's size (some too long for max_model_len: rejected), output limits,
     stop ids and where the fake model emits EOS; the alternatives shrink to none."""
-    machine: SchedulerMachine = draw(st.runner())
+    machine: SchedulerMachine = draw(RUNNER)
     block_size = machine.config.block_size
     longest_prompt = min(machine.config.model_len - 1, machine.config.num_blocks * block_size) or 1
-    max_tokens = draw(st.integers(1, max(4, 2 * block_size)))
+    max_tokens = draw(integers(1, max(4, 2 * block_size)))
     return RequestDraft(
         prompt=tuple(draw_tokens(draw, machine.stems, longest_prompt)),
         max_tokens=max_tokens,
-        ignore_eos=draw(st.booleans()),
-        stop_token_ids=(pick(draw, GENERATED_ALPHABET),) if draw(st.booleans()) else (),
-        eos_at_output_index=draw(st.integers(0, max_tokens - 1)) if draw(st.booleans()) else None,
+        ignore_eos=draw(BOOLEANS),
+        stop_token_ids=(pick(draw, GENERATED_ALPHABET),) if draw(BOOLEANS) else (),
+        eos_at_output_index=draw(integers(0, max_tokens - 1)) if draw(BOOLEANS) else None,
         # Periodic outputs give prompt lookup drafts that agree (speculative machine only, as above).
         period=draw(st.none() | st.integers(1, 3), label="period") if machine.speculative else None,
     )
@@ -150,7 +150,7 @@ def request_drafts(draw: st.DrawFn) -> RequestDraft:
 
 @st.composite
 def active_requests(draw: st.DrawFn) -> str:
-    machine: SchedulerMachine = draw(st.runner())
+    machine: SchedulerMachine = draw(RUNNER)
     return pick(draw, machine.active)
 
 

@@ -30,6 +30,23 @@ BLOCK_SIZES = (1, 2, 4, 8, 16)
 MAX_STEMS = 3
 
 
+@functools.cache
+def integers(low: int, high: int) -> st.SearchStrategy[int]:
+    """`st.integers(low, high)`, built once per range: hypothesis's own strategy cache builds its key from
+    the arguments at every call, which was the largest share of a soak step's drawing (fuzz/soak.py)."""
+    return st.integers(low, high)
+
+
+@functools.cache
+def binary(min_size: int, max_size: int) -> st.SearchStrategy[bytes]:
+    """`st.binary(...)`, built once per size range (see `integers`)."""
+    return st.binary(min_size=min_size, max_size=max_size)
+
+
+BOOLEANS = st.booleans()
+RUNNER = st.runner()  # the machine, to strategies that read its state: one strategy, not one per draw
+
+
 def tokens_from_bytes(raw: bytes, alphabet: Sequence[int] = PROMPT_ALPHABET) -> list[int]:
     """One token of `alphabet` per byte: byte 0 (where a byte shrinks to) is the alphabet's first token."""
     return [alphabet[byte % len(alphabet)] for byte in raw]
@@ -37,7 +54,7 @@ def tokens_from_bytes(raw: bytes, alphabet: Sequence[int] = PROMPT_ALPHABET) -> 
 
 def draw_fresh_tokens(draw: st.DrawFn, min_size: int, max_size: int) -> list[int]:
     """`min_size` to `max_size` tokens of the prompt alphabet, drawn as one choice."""
-    return tokens_from_bytes(draw(st.binary(min_size=min_size, max_size=max_size)))
+    return tokens_from_bytes(draw(binary(min_size, max_size)))
 
 
 @functools.cache  # a strategy built anew is validated anew on its first draw: build each once
@@ -49,7 +66,7 @@ def prefix_stems(max_length: int) -> st.SearchStrategy[list[list[int]]]:
 
 def pick(draw: st.DrawFn, options: Sequence[Any]) -> Any:
     """One of `options` (not empty), shrinking to the first: `st.sampled_from` without building a strategy."""
-    return options[draw(st.integers(0, len(options) - 1))]
+    return options[draw(integers(0, len(options) - 1))]
 
 
 def draw_tokens(draw: st.DrawFn, stems: Sequence[Sequence[int]], max_length: int) -> list[int]:
@@ -57,7 +74,7 @@ def draw_tokens(draw: st.DrawFn, stems: Sequence[Sequence[int]], max_length: int
     stem = pick(draw, stems)
     longest = min(len(stem), max_length)
     # Often the whole stem (where this shrinks to): shared whole blocks are what the prefix cache serves.
-    keep = draw(st.integers(0, longest)) if draw(st.booleans()) else longest
+    keep = draw(integers(0, longest)) if draw(BOOLEANS) else longest
     return [*stem[:keep], *draw_fresh_tokens(draw, 0 if keep else 1, max_length - keep)]
 
 
@@ -108,6 +125,7 @@ class CountedMachine(RuleBasedStateMachine):
         self.steps_run = 0
         self.healthy = True
         stats.bump(self.stats_label, "examples")
+        stats.write_live()
 
     def after_step(self) -> None:
         type(self).last_run_steps = self.steps_run

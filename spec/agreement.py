@@ -25,7 +25,7 @@ class Trace:
 class Comparison:
     num_tokens: int
     first_divergence: int | None  # index of the first differing token, None if identical
-    max_logprob_error: float  # over positions before the first divergence
+    max_logprob_error: float  # over positions up to and including the first divergence
     mean_logprob_error: float
     divergence_is_near_tie: bool | None  # only set when tokens diverge
     agree: bool

@@ -18,6 +18,7 @@ from reports.report.records import (
     FuzzRun,
     FuzzSection,
     KernelSection,
+    MutationSection,
     Report,
     RunSettings,
     SpeedSection,
@@ -32,6 +33,7 @@ def assemble_report(
     kernels: KernelSection,
     speed: SpeedSection,
     device: torch.device,
+    mutation: MutationSection | None = None,
 ) -> Report:
     from reports.bench import device as bench_device
 
@@ -45,6 +47,7 @@ def assemble_report(
         fuzz=fuzz,
         kernels=kernels,
         speed=speed,
+        mutation=mutation,
     )
 
 
@@ -58,6 +61,7 @@ def report_of_sections(
     fuzz: FuzzSection,
     kernels: KernelSection,
     speed: SpeedSection,
+    mutation: MutationSection | None = None,
 ) -> Report:
     """The Report of these sections, with the checks and figures they give (the one place that derives them)."""
     return Report(
@@ -66,12 +70,24 @@ def report_of_sections(
         commit_dirty=commit_dirty,
         settings=settings,
         environment=environment,
-        checks=(*correctness_checks(correctness), *fuzz_checks(fuzz), *kernel_checks(kernels), *speed_checks(speed)),
-        figures=(*correctness_figures(correctness), *fuzz_figures(fuzz), *speed_figures(speed)),
+        checks=(
+            *correctness_checks(correctness),
+            *fuzz_checks(fuzz),
+            *mutation_checks(mutation),
+            *kernel_checks(kernels),
+            *speed_checks(speed),
+        ),
+        figures=(
+            *correctness_figures(correctness),
+            *fuzz_figures(fuzz),
+            *mutation_figures(mutation),
+            *speed_figures(speed),
+        ),
         correctness=correctness,
         fuzz=fuzz,
         kernels=kernels,
         speed=speed,
+        mutation=mutation or MutationSection(Status.NOT_RUN, "not run"),
     )
 
 
@@ -114,6 +130,33 @@ def fuzz_checks(section: FuzzSection) -> list[Check]:
             detail = {True: "caught", False: "not caught", None: "the record does not say"}[bug.caught]
             checks.append(
                 Check(f"{prefix}/planted/{bug.name}", "fuzz", f"planted bug caught: {bug.name}", status, detail)
+            )
+    return checks
+
+
+def mutation_checks(section: MutationSection | None) -> list[Check]:
+    """A check per module of each record: passed at the target score or above."""
+    if section is None:
+        return []
+    if not section.runs:
+        return [Check("mutation", "mutation", "mutation testing", section.status, section.detail)]
+    checks = []
+    for run in section.runs:
+        key = _record_key(run.path)
+        if not run.modules:
+            checks.append(Check(f"mutation/{key}", "mutation", f"mutation record {run.path}", run.status, run.detail))
+        for module in run.modules:
+            if module.score is None:
+                why = "the run stopped before them" if module.baseline == "passed" else module.baseline
+                status, detail = Status.NOT_RUN, f"not run: none of its {module.mutants} mutants judged ({why})"
+            else:
+                status = Status.PASSED if module.score >= section.target_score else Status.FAILED
+                detail = (
+                    f"{module.score:.1%} killed ({module.killed} killed, {module.survived} survived, "
+                    f"{module.equivalent} equivalent, {module.errors} errors; {module.done} of {module.mutants} run)"
+                )
+            checks.append(
+                Check(f"mutation/{key}/{module.module}", "mutation", f"mutants killed: {module.module}", status, detail)
             )
     return checks
 
@@ -230,6 +273,24 @@ def fuzz_figures(section: FuzzSection) -> list[Figure]:
     return figures
 
 
+def mutation_figures(section: MutationSection | None) -> list[Figure]:
+    if section is None:
+        return []
+    return [
+        Figure(
+            f"mutation/{_record_key(run.path)}/{module.module}/score",
+            "mutation",
+            f"mutation score {module.module}",
+            100.0 * module.score,
+            "%",
+            better="higher",
+        )
+        for run in section.runs
+        for module in run.modules
+        if module.score is not None
+    ]
+
+
 def speed_figures(section: SpeedSection) -> list[Figure]:
     """A figure per row (its id names workload, shape, metric, phase, settings and engine: stable
     across runs for --compare) and per setting cost."""
@@ -267,6 +328,10 @@ def _unique_ids(figures: list[Figure]) -> list[Figure]:
 
 def _cell_title(cell: Cell) -> str:
     return f"{cell.candidate} vs {cell.baseline}, {cell.dtype}, {cell.feature}, {cell.mode}"
+
+
+def _record_key(path: str) -> str:
+    return path.rsplit("/", 1)[-1].removesuffix(".json")
 
 
 def _run_key(run: FuzzRun) -> str:

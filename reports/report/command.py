@@ -18,7 +18,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-SECTIONS = ("correctness", "fuzz", "kernels", "speed")
+SECTIONS = ("correctness", "fuzz", "mutation", "kernels", "speed")
 DEFAULT_OUT = Path("twinfer-report")
 DEFAULT_DTYPES = "float32,bfloat16"
 
@@ -153,7 +153,7 @@ def _run_report(args: argparse.Namespace) -> int:
     fuzz = _fuzz(sections, args.fuzz)
     kernels = _kernels(sections, device)
     speed = _speed(sections, device, args)
-    report = assemble_report(settings, correctness, fuzz, kernels, speed, device)
+    report = assemble_report(settings, correctness, fuzz, kernels, speed, device, _mutation(sections))
     document = report.to_json()
     from reports.report.schema import validate_report
 
@@ -222,6 +222,15 @@ def _fuzz(sections: frozenset[str], source: str):
     if "fuzz" not in sections:
         return FuzzSection(Status.NOT_RUN, _LEFT_OUT, ())
     return ci_fuzz_section() if source == "ci" else committed_fuzz_section()
+
+
+def _mutation(sections: frozenset[str]):
+    from reports.report.mutation_section import committed_mutation_section
+    from reports.report.records import MutationSection, Status
+
+    if "mutation" not in sections:
+        return MutationSection(Status.NOT_RUN, _LEFT_OUT)
+    return committed_mutation_section()
 
 
 def _kernels(sections: frozenset[str], device):

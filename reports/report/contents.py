@@ -25,6 +25,7 @@ def contents(report: dict[str, Any], speed: dict[str, Any]) -> list[Entry]:
         Entry("distributions", "Reduced precision", None, _reduced_precision(correctness["cells"])),
         Entry("speed", "Speed", report["speed"]["status"], report["speed"]["detail"], _speed_links(speed)),
         Entry("fuzzing", "Fuzzing", report["fuzz"]["status"], report["fuzz"]["detail"]),
+        *_mutation(report),
         Entry("kernels", "Kernels", report["kernels"]["status"], report["kernels"]["detail"]),
         Entry("environment", "Environment", None, "versions, host and device of this run"),
         Entry(
@@ -34,6 +35,14 @@ def contents(report: dict[str, Any], speed: dict[str, Any]) -> list[Entry]:
             f"{counts['passed']} passed, {counts['failed']} failed, {counts['not_run']} not run",
         ),
     ]
+
+
+def _mutation(report: dict[str, Any]) -> list[Entry]:
+    """Reports made before the section existed have none."""
+    section = report.get("mutation")
+    if section is None:
+        return []
+    return [Entry("mutation", "Mutation testing", section["status"], section["detail"])]
 
 
 def _disagreements(cells: list[dict[str, Any]]) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from tqdm import tqdm
 
 from reports.report.pytest_runs import PASSED, REPO_ROOT, TestOutcome, run_pytest
-from reports.report.records import FuzzMachine, FuzzRun, FuzzSection, PlantedBug, Status
+from reports.report.records import FuzzMachine, FuzzRun, FuzzSection, PlantedBug, Status, combined_status
 
 logger = logging.getLogger(__name__)
 
@@ -117,12 +117,5 @@ def _caught(name: str, outcomes: tuple[TestOutcome, ...] | None, whole_run_passe
 
 
 def _section(runs: tuple[FuzzRun, ...]) -> FuzzSection:
-    statuses = {run.status for run in runs}
-    if Status.FAILED in statuses:
-        status = Status.FAILED
-    elif Status.PASSED in statuses:
-        status = Status.PASSED
-    else:
-        status = Status.NOT_RUN
     detail = "; ".join(f"{run.source} {run.path}: {run.detail}" for run in runs)
-    return FuzzSection(status, detail, runs)
+    return FuzzSection(combined_status(run.status for run in runs), detail, runs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,14 @@ class Status(enum.StrEnum):
     PASSED = "passed"
     FAILED = "failed"
     NOT_RUN = "not_run"
+
+
+def combined_status(statuses: Iterable[Status]) -> Status:
+    """Failed if any failed, else passed if any passed, else not run: the status of a group of checks."""
+    seen = set(statuses)
+    if Status.FAILED in seen:
+        return Status.FAILED
+    return Status.PASSED if Status.PASSED in seen else Status.NOT_RUN
 
 
 # -- checks and figures: what the summary counts and what --compare matches across runs ------
@@ -187,6 +196,60 @@ class FuzzSection:
     runs: tuple[FuzzRun, ...]
 
 
+# -- mutation testing ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MutationModule:
+    """One mutated module of a mutation record: its mutants' outcomes (`python -m fuzz.mutation`)."""
+
+    module: str
+    score: float | None  # killed / (killed + survived), equivalent survivors left out; None: none judged
+    mutants: int
+    done: int
+    killed: int
+    survived: int
+    equivalent: int
+    errors: int
+    seconds: float  # worker time spent on its mutants
+    baseline: str  # "passed", or why its mutants were not run
+
+
+@dataclass(frozen=True)
+class MutationSurvivor:
+    key: str
+    module: str
+    operator: str
+    line: int
+    diff: str
+    equivalent: str | None  # the reason, where the mutant is recorded as equivalent
+
+
+@dataclass(frozen=True)
+class MutationRun:
+    """One committed mutation record (reports/results/mutation/*.json)."""
+
+    path: str
+    status: Status
+    detail: str
+    command: str = ""
+    commit: str = ""
+    complete: bool = False
+    workers: int = 0
+    wall_time_s: float | None = None
+    totals: dict[str, float] = field(default_factory=dict)
+    modules: tuple[MutationModule, ...] = ()
+    survivors: tuple[MutationSurvivor, ...] = ()
+
+
+@dataclass(frozen=True)
+class MutationSection:
+    status: Status
+    detail: str
+    target_score: float = 0.95
+    runs: tuple[MutationRun, ...] = ()
+
+
 # -- kernels -------------------------------------------------------------------------------
 
 
@@ -330,6 +393,7 @@ class Report:
     fuzz: FuzzSection
     kernels: KernelSection
     speed: SpeedSection
+    mutation: MutationSection = MutationSection(Status.NOT_RUN, "not run")
 
     def summary(self) -> dict[str, int]:
         return count_statuses(self.checks)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from spec.agreement import Trace, compare_traces
@@ -45,3 +47,47 @@ def test_shorter_trace_diverges_at_its_end() -> None:
 def test_unknown_rule_is_named() -> None:
     with pytest.raises(ValueError, match="unknown agreement rule 'loose'"):
         compare_traces(BASE, BASE, rule="loose")
+
+
+def test_errors_cover_the_diverging_position_and_none_after_it() -> None:
+    """Up to and including the first divergence, on the tokens both sides report: position 1's
+    shared tokens count (errors 0.05 and 1.7), position 2's (7.5) do not."""
+    other = trace([1, 5, 3], [{1: -0.1, 2: -2.0}, {5: -0.2, 2: -0.25}, {3: -0.3, 4: -9.0}])
+    comparison = compare_traces(other, BASE)
+    assert comparison.first_divergence == 1 and comparison.num_tokens == 3
+    assert comparison.max_logprob_error == pytest.approx(1.7)
+    assert comparison.mean_logprob_error == pytest.approx((0.0 + 0.0 + 0.05 + 1.7) / 4)
+
+
+def test_nothing_compared_means_no_error() -> None:
+    empty = trace([], [])
+    comparison = compare_traces(empty, empty)
+    assert comparison.agree and comparison.max_logprob_error == 0.0 and comparison.mean_logprob_error == 0.0
+
+
+def test_an_error_equal_to_the_tolerance_agrees() -> None:
+    """0.25 apart exactly (both binary fractions): the fp32 rule's bound is inclusive."""
+    base, other = trace([1], [{1: -0.5}]), trace([1], [{1: -0.25}])
+    assert compare_traces(other, base, logprob_tolerance=0.25).agree
+    assert not compare_traces(other, base, logprob_tolerance=0.125).agree
+
+
+def test_the_default_tolerance_is_1e_4() -> None:
+    base = trace([1], [{1: -1.0}])
+    assert compare_traces(trace([1], [{1: -1.00005}]), base).agree
+    assert not compare_traces(trace([1], [{1: -1.0002}]), base).agree
+
+
+def test_a_near_tie_needs_each_token_in_the_other_sides_top() -> None:
+    """The candidate's 5 is in the baseline's top, but the baseline's 2 is not in the candidate's."""
+    other = trace([1, 5, 3], [{1: -0.1, 2: -2.0}, {5: -0.2, 8: -1.0}, {3: -0.3}])
+    comparison = compare_traces(other, BASE, rule="near-tie")
+    assert comparison.divergence_is_near_tie is False and not comparison.agree
+
+
+def test_traces_and_comparisons_are_immutable() -> None:
+    comparison = compare_traces(BASE, BASE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        comparison.agree = False  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BASE.token_ids = ()  # type: ignore[misc]
