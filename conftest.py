@@ -91,17 +91,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if marker in item.keywords:
             item.add_marker(skip)
     if HAS_CUDA:
-        items[:] = gpu_tests_first_on_every_worker(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        items[:] = gpu_tests_first(items, workers, min(workers, GPU_TEST_SLOTS))
 
 
-def gpu_tests_first_on_every_worker(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
-    """The collection reordered so that each pytest-xdist worker starts with its share of the `gpu` tests.
+# At most this many `gpu` tests run at once, whatever the number of pytest-xdist workers: at the 0.6B shape
+# one holds up to ~20 GiB (weights in two dtypes, transformers' twin, two engines), and eight side by side
+# with the published report's kernel tests ran the H200 out of memory (reports/results/fast_gpu/suite_834ee68/).
+GPU_TEST_SLOTS = 4
+
+
+def gpu_tests_first(items: list[pytest.Item], workers: int, gpu_workers: int) -> list[pytest.Item]:
+    """The collection reordered so that `gpu_workers` pytest-xdist workers start with the `gpu` tests.
 
     worksteal hands worker k the k-th contiguous slice of the collection (sizes remaining // workers left),
     and the GPU tests sit together at the end of tests/fast/: the longest of them (a minute or more each at
     the 0.6B shape) then ran last, on the one worker whose slice held them, after every other worker was
     done (the whole suite on one H200 was still running them at 450 s). Dealt round-robin to the front of
-    every slice, they start at once, side by side. Every worker computes the same order."""
+    the first `gpu_workers` slices, they start at once, side by side, as many as there are GPU slots.
+    Every worker computes the same order."""
     if workers <= 1:
         return items
     gpu = [item for item in items if "gpu" in item.keywords]
@@ -111,7 +119,7 @@ def gpu_tests_first_on_every_worker(items: list[pytest.Item], workers: int) -> l
     for worker in range(workers):
         size = remaining // (workers - worker)
         remaining -= size
-        share = gpu[worker::workers][:size]
+        share = gpu[worker::gpu_workers][:size] if worker < gpu_workers else []
         ordered += share
         ordered += rest[: size - len(share)]
         del rest[: size - len(share)]
@@ -132,6 +140,36 @@ def pytest_runtest_teardown(item: pytest.Item):
         gc.collect()
         torch.cuda.empty_cache()
     return result
+
+
+@pytest.fixture(autouse=True)
+def gpu_test_slot(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """A `gpu` test on CUDA holds one of GPU_TEST_SLOTS slots, lock files shared by the run's xdist workers
+    (flock: a slot frees itself if its worker dies). Elsewhere, and for other tests, nothing."""
+    if not HAS_CUDA or "gpu" not in request.keywords:
+        yield
+        return
+    import fcntl
+    import time
+
+    # The run's shared temporary root (pytest-xdist workers share the parent of their basetemp).
+    shared = tmp_path_factory.getbasetemp().parent / "gpu-slots"
+    shared.mkdir(exist_ok=True)
+    while True:
+        for slot in range(GPU_TEST_SLOTS):
+            handle = open(shared / f"slot-{slot}", "a")  # held until the test ends
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                handle.close()
+            return
+        time.sleep(0.2)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

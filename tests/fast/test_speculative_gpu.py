@@ -69,7 +69,8 @@ def test_speculation_is_bitwise_invisible_in_batch_invariant_mode(bf16_weights, 
     assert log.verifies, "no draft was verified"
     if planted:
         assert log.accepted_whole and log.cut_midway and log.rejected_at_once, log.verifies
-    assert any(output.num_cached_prompt_tokens for output in speculative), "no prefix-cache hit"
+    if chunk == 64:  # an 8192-token budget admits every prompt in the first step: the shared prefix has no hit
+        assert any(output.num_cached_prompt_tokens for output in speculative), "no prefix-cache hit"
     assert len(plans) < len(plain[0].token_ids) + len(prompts), "speculation saved no step"
     fast.step()  # idle: every block is free again (rolled-back blocks included)
     assert fast.scheduler.allocator.num_free_blocks == fast.config.num_blocks
