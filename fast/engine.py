@@ -34,7 +34,14 @@ from fast.scheduler import Scheduler
 from fast.sharded_loading import CheckpointWeights, WeightSource
 from fast.tp_launch import TensorParallelRuntime, start_tensor_parallel
 from spec.checkpoint import load_state_dict, open_checkpoint
-from spec.engine import SampledToken, ScheduledEngine, default_device, token_logprobs, verified_token
+from spec.engine import (
+    SampledToken,
+    ScheduledEngine,
+    default_device,
+    sampling_positions,
+    step_results,
+    token_logprobs,
+)
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
@@ -43,7 +50,6 @@ from spec.request import (
     Request,
     RequestOutput,
     RequestStatus,
-    TokenLogprobs,
     prompt_logprob_positions,
 )
 from spec.sampling import SamplingRow
@@ -401,11 +407,10 @@ class FastEngine(ScheduledEngine):
     def _set_sampler_rows(self, sampling: list[tuple[int, Request]]) -> None:
         requests = [request for _, request in sampling]
         rows = self._sampler_rows
-        positions = [len(request.output_token_ids) for request in requests]
         if self.config.speculative is not None:  # a verify chunk's rows: consecutive, output positions counting on
-            for index in range(1, len(requests)):
-                if requests[index] is requests[index - 1]:
-                    positions[index] = positions[index - 1] + 1
+            positions = sampling_positions(requests)
+        else:
+            positions = [len(request.output_token_ids) for request in requests]
         sampler_rows = [rows.get(request) or self._sampler_row(request) for request in requests]
         self.sampler.set_sampler_rows(sampler_rows, positions)
 
@@ -420,7 +425,9 @@ class FastEngine(ScheduledEngine):
         verifies = self.config.speculative is not None and any(chunk.draft_token_ids for chunk in step.plan.chunks)
         if verifies:
             entries = token_logprobs(step.sample_logits, tokens, counts) if any(counts) else [None] * len(tokens)
-            results = self._verified(step.plan, requests, tokens, entries)
+            entries = [entry if count > 0 else None for entry, count in zip(entries, counts, strict=True)]
+            stop_token_ids = self.scheduler.stop_token_ids
+            results = step_results(step.plan, requests, tokens, entries, lambda r: stop_token_ids(r.request_id))
         elif not any(counts):  # most steps: no request asks for logprobs
             results = {
                 request.request_id: SampledToken(token, None) for request, token in zip(requests, tokens, strict=True)
@@ -434,28 +441,6 @@ class FastEngine(ScheduledEngine):
         if plan is not step.plan:  # requests dropped from the plan after its launch
             kept = {chunk.request_id for chunk in plan.chunks if chunk.samples}
             results = {request_id: token for request_id, token in results.items() if request_id in kept}
-        return results
-
-    def _verified(
-        self,
-        plan: StepPlan,
-        requests: list[Request],
-        tokens: list[int],
-        entries: Sequence[TokenLogprobs | None],
-    ) -> dict[str, SampledToken]:
-        """A step with verify chunks: one result per request, a verify chunk's from its consecutive rows (the
-        tokens spec.speculative.accepted_tokens keeps); entries: each row's logprobs (None: not asked for)."""
-        drafts = {chunk.request_id: chunk.draft_token_ids for chunk in plan.chunks if chunk.draft_token_ids}
-        results: dict[str, SampledToken] = {}
-        row = 0
-        while row < len(requests):
-            request = requests[row]
-            draft = drafts.get(request.request_id, ())
-            end = row + 1 + len(draft)
-            logprobs = entries[row:end] if request.params.logprobs > 0 else [None] * (end - row)
-            stop = self.scheduler.stop_token_ids(request.request_id)
-            results[request.request_id] = verified_token(draft, tokens[row:end], logprobs, stop)
-            row = end
         return results
 
     def _sampler_row(self, request: Request) -> SamplerRow:

@@ -10,7 +10,7 @@ from reference.kv_cache import PagedKVCache
 from reference.model import CausalLM, ForwardBatch, SequenceSlice
 from reference.scheduler import Scheduler
 from spec.checkpoint import load_state_dict, open_checkpoint
-from spec.engine import SampledToken, ScheduledEngine, default_device, token_logprobs, verified_token
+from spec.engine import SampledToken, ScheduledEngine, default_device, sampling_positions, step_results, token_logprobs
 from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig
@@ -144,28 +144,15 @@ class ReferenceEngine(ScheduledEngine):
         position len(outputs) + j, and its tokens are the ones spec.speculative.accepted_tokens keeps."""
         if not requests:
             return {}
-        positions: list[int] = []
-        for index, request in enumerate(requests):
-            follows = index > 0 and requests[index - 1] is request
-            positions.append(positions[-1] + 1 if follows else len(request.output_token_ids))
+        positions = sampling_positions(requests)
         rows = [SamplingRow(r.params, r.seed, position) for r, position in zip(requests, positions, strict=True)]
         tokens = sample_tokens(logits, rows).tolist()
         counts = [r.params.logprobs for r in requests]
         entries = token_logprobs(logits, tokens, counts) if any(counts) else [None] * len(requests)
         entries = [entry if count > 0 else None for entry, count in zip(entries, counts, strict=True)]
-        drafts = {chunk.request_id: chunk.draft_token_ids for chunk in plan.chunks if chunk.draft_token_ids}
-        results: dict[str, SampledToken] = {}
-        row = 0
-        while row < len(requests):
-            request = requests[row]
-            draft = drafts.get(request.request_id, ())
-            end = row + 1 + len(draft)
-            if draft:
-                eos = self.model_config.eos_token_ids
-                limits = FinishLimits.of(request.params, len(request.prompt_token_ids), eos, self.config.model_len)
-                stop = limits.stop_token_ids
-                results[request.request_id] = verified_token(draft, tokens[row:end], entries[row:end], stop)
-            else:
-                results[request.request_id] = SampledToken(tokens[row], entries[row])
-            row = end
-        return results
+        eos, model_len = self.model_config.eos_token_ids, self.config.model_len
+
+        def stop_token_ids(request: Request) -> frozenset[int]:
+            return FinishLimits.of(request.params, len(request.prompt_token_ids), eos, model_len).stop_token_ids
+
+        return step_results(plan, requests, tokens, entries, stop_token_ids)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -252,3 +252,40 @@ def verified_token(
     tokens = accepted_tokens(draft, sampled, stop_token_ids)
     following = tuple(SampledToken(token, entries[index]) for index, token in enumerate(tokens) if index)
     return SampledToken(tokens[0], entries[0], following)
+
+
+def sampling_positions(requests: Sequence[Request]) -> list[int]:
+    """Each sampling row's output position: a request's row at len(its outputs); a verify chunk's rows are
+    consecutive rows of one request, the j-th at len(outputs) + j."""
+    positions: list[int] = []
+    for index, request in enumerate(requests):
+        follows = index > 0 and requests[index - 1] is request
+        positions.append(positions[-1] + 1 if follows else len(request.output_token_ids))
+    return positions
+
+
+def step_results(
+    plan: StepPlan,
+    requests: Sequence[Request],
+    tokens: Sequence[int],
+    entries: Sequence[TokenLogprobs | None],
+    stop_token_ids: Callable[[Request], frozenset[int]],
+) -> dict[str, SampledToken]:
+    """One result per request of a step's sampling rows (requests[i] sampled tokens[i], with logprobs
+    entries[i] or None): a plain chunk's one row, a verify chunk's consecutive rows as `verified_token` keeps
+    them (stop_token_ids(request): where the request would end, asked only for verify chunks)."""
+    drafts = {chunk.request_id: chunk.draft_token_ids for chunk in plan.chunks if chunk.draft_token_ids}
+    results: dict[str, SampledToken] = {}
+    row = 0
+    while row < len(requests):
+        request = requests[row]
+        draft = drafts.get(request.request_id, ())
+        if draft:
+            end = row + 1 + len(draft)
+            stop = stop_token_ids(request)
+            results[request.request_id] = verified_token(draft, tokens[row:end], entries[row:end], stop)
+        else:
+            end = row + 1
+            results[request.request_id] = SampledToken(tokens[row], entries[row])
+        row = end
+    return results
