@@ -4,7 +4,6 @@ one it does not, and a mutant that hangs is killed by its time limit. Nothing is
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -68,10 +67,6 @@ def test_mutants_skip_annotations_and_are_named_by_their_change(toy_tree: Path) 
     assert mutants_of(toy_tree, "toy/maths.py")[0].key == mutants[0].key  # the same change, the same name
 
 
-LONG_TESTS = "TWINFER_LONG_TESTS"
-
-
-@pytest.mark.skipif(not os.environ.get(LONG_TESTS), reason=f"forks four pytest sessions (~9 s); set {LONG_TESTS}=1")
 def test_a_forked_run_kills_survives_and_times_out(toy_tree: Path) -> None:
     pytest.importorskip("cosmic_ray", reason="cosmic-ray is installed by the optional extra [mutation]")
     from fuzz.mutation.worker import KILLED, SURVIVED, TIMEOUT, run_tests

@@ -5,7 +5,6 @@ catches a planted bug and replays it from its seed."""
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from fuzz.test_allocator_fuzz import REQUIRED_SITUATIONS as ALLOCATOR_SITUATIONS
 from spec.errors import InvariantViolation
 
 SCHEDULER_SITUATIONS = ("preemptions", "partial_prefill_chunks", "admissions_with_prefix_hit", "finished_stop")
-LONG_TESTS = "TWINFER_LONG_TESTS"
 
 
 def test_a_soak_process_reaches_the_fuzzers_situations_and_its_counters_are_summed(
@@ -41,7 +39,6 @@ def test_a_soak_process_reaches_the_fuzzers_situations_and_its_counters_are_summ
     assert scheduler["twin_comparisons"] and scheduler["implementation_comparisons"]
 
 
-@pytest.mark.skipif(not os.environ.get(LONG_TESTS), reason=f"spawns two soak processes (~15 s); set {LONG_TESTS}=1")
 def test_a_soak_in_two_processes_writes_its_summary(tmp_path: Path) -> None:
     options = SoakOptions(processes=2, steps=600, out=tmp_path, time_limit_s=120.0, seed=7)
     summary = run_soak(options, "pytest")
