@@ -172,6 +172,25 @@ def gpu_test_slot(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         time.sleep(0.2)
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """With TWINFER_STACK_DUMP_DIR set, SIGUSR1 writes every thread's stack of this process (the pytest
+    controller or an xdist worker: each loads this file) to DIR/stacks-PID.txt: a run that does not end by
+    its time limit (a device call) says where each process waits."""
+    directory = os.environ.get("TWINFER_STACK_DUMP_DIR")
+    if not directory:
+        return
+    import faulthandler
+    import signal
+
+    os.makedirs(directory, exist_ok=True)
+    # Kept open for the process's life: faulthandler writes to the descriptor from the signal handler.
+    dump_file = open(os.path.join(directory, f"stacks-{os.getpid()}.txt"), "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
+
+
+dump_stacks_on_sigusr1()
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """With TWINFER_FAILURE_LOG set, each failure's traceback is appended to that file as it happens: a run
     stopped at its time limit (a device call) still says why what failed before that failed. (With -v,
