@@ -95,36 +95,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = gpu_tests_first(items, workers, min(workers, GPU_TEST_SLOTS))
 
 
-# At most this many `gpu` tests run at once, whatever the number of pytest-xdist workers: at the 0.6B shape
+# At most this many `large_gpu` tests run at once, whatever the number of pytest-xdist workers: at the 0.6B shape
 # one holds up to ~20 GiB (weights in two dtypes, transformers' twin, two engines), and eight side by side
 # with the published report's kernel tests ran the H200 out of memory (reports/results/fast_gpu/suite_834ee68/).
+# The other `gpu` tests (a kernel against its reference, a tiny model) hold a GiB or two and run freely: with every
+# `gpu` test held to four slots, the whole suite on one H200 had not ended at 500 s (suite_alone/).
 GPU_TEST_SLOTS = 4
 
 
 def gpu_tests_first(items: list[pytest.Item], workers: int, gpu_workers: int) -> list[pytest.Item]:
-    """The collection reordered so that `gpu_workers` pytest-xdist workers start with the `gpu` tests.
+    """The collection reordered so that `gpu_workers` pytest-xdist workers start with the `large_gpu` tests.
 
     worksteal hands worker k the k-th contiguous slice of the collection (sizes remaining // workers left),
-    and the GPU tests sit together at the end of tests/fast/: the longest of them (a minute or more each at
-    the 0.6B shape) then ran last, on the one worker whose slice held them, after every other worker was
+    and the large GPU tests sit together at the end of tests/fast/: the longest of them (a minute or more each
+    at the 0.6B shape) then ran last, on the one worker whose slice held them, after every other worker was
     done (the whole suite on one H200 was still running them at 450 s). Dealt round-robin to the front of
     the first `gpu_workers` slices, they start at once, side by side, as many as there are GPU slots.
     Every worker computes the same order."""
     if workers <= 1:
         return items
-    gpu = [item for item in items if "gpu" in item.keywords]
-    rest = [item for item in items if "gpu" not in item.keywords]
+    large = [item for item in items if "large_gpu" in item.keywords]
+    rest = [item for item in items if "large_gpu" not in item.keywords]
     ordered: list[pytest.Item] = []
     remaining = len(items)
     for worker in range(workers):
         size = remaining // (workers - worker)
         remaining -= size
-        share = gpu[worker::gpu_workers][:size] if worker < gpu_workers else []
+        share = large[worker::gpu_workers][:size] if worker < gpu_workers else []
         ordered += share
         ordered += rest[: size - len(share)]
         del rest[: size - len(share)]
     placed = set(ordered)
-    return ordered + [item for item in gpu if item not in placed] + rest
+    return ordered + [item for item in large if item not in placed] + rest
 
 
 @pytest.hookimpl(wrapper=True)
@@ -144,9 +146,9 @@ def pytest_runtest_teardown(item: pytest.Item):
 
 @pytest.fixture(autouse=True)
 def gpu_test_slot(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """A `gpu` test on CUDA holds one of GPU_TEST_SLOTS slots, lock files shared by the run's xdist workers
-    (flock: a slot frees itself if its worker dies). Elsewhere, and for other tests, nothing."""
-    if not HAS_CUDA or "gpu" not in request.keywords:
+    """A `large_gpu` test on CUDA holds one of GPU_TEST_SLOTS slots, lock files shared by the run's xdist
+    workers (flock: a slot frees itself if its worker dies). Elsewhere, and for other tests, nothing."""
+    if not HAS_CUDA or "large_gpu" not in request.keywords:
         yield
         return
     import fcntl
@@ -174,8 +176,10 @@ def gpu_test_slot(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 
 def dump_stacks_on_sigusr1() -> None:
     """With TWINFER_STACK_DUMP_DIR set, SIGUSR1 writes every thread's stack of this process (the pytest
-    controller or an xdist worker: each loads this file) to DIR/stacks-PID.txt: a run that does not end by
-    its time limit (a device call) says where each process waits."""
+    controller or an xdist worker: each loads this file) to DIR/stacks-PID.txt, and so does the passing of
+    TWINFER_STACK_DUMP_AFTER_S seconds where that is set: a run that does not end by its time limit (a device
+    call) says where each process waits. (The workers run in a process group of their own: a signal to the
+    session's group reaches the controller only, suite_alone/.)"""
     directory = os.environ.get("TWINFER_STACK_DUMP_DIR")
     if not directory:
         return
@@ -186,16 +190,24 @@ def dump_stacks_on_sigusr1() -> None:
     # Kept open for the process's life: faulthandler writes to the descriptor from the signal handler.
     dump_file = open(os.path.join(directory, f"stacks-{os.getpid()}.txt"), "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
+    after_s = os.environ.get("TWINFER_STACK_DUMP_AFTER_S")
+    if after_s:
+        faulthandler.dump_traceback_later(float(after_s), file=dump_file)
 
 
 dump_stacks_on_sigusr1()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """With TWINFER_FAILURE_LOG set, each failure's traceback is appended to that file as it happens: a run
-    stopped at its time limit (a device call) still says why what failed before that failed. (With -v,
-    pytest prints tracebacks only at the end of the session.)"""
+    """With TWINFER_FAILURE_LOG set, each failure's traceback is appended to that file as it happens; with
+    TWINFER_DURATION_LOG set, each phase's seconds (setup, call, teardown), outcome and test: a run stopped at
+    its time limit (a device call) still says why what failed before that failed, and where the time went.
+    (With -v, pytest prints tracebacks and --durations only at the end of the session.)"""
     path = os.environ.get("TWINFER_FAILURE_LOG")
     if path and report.failed:
         with open(path, "a", encoding="utf-8") as log:
             log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+    path = os.environ.get("TWINFER_DURATION_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"{report.duration:8.2f} {report.when:8} {report.outcome:7} {report.nodeid}\n")

@@ -18,7 +18,7 @@ from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
 from tests.engines import build_engine
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.large_gpu]
 
 SHAPE = SHAPES["qwen3-0.6b"]
 NEEDLE_PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=5)

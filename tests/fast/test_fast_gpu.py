@@ -24,7 +24,7 @@ from spec.sampling_params import SamplingParams
 from tests.engines import build_engine
 from tests.gpu_checks import compare_fp32, prompts_of, record
 
-pytestmark = [pytest.mark.gpu, pytest.mark.differential]
+pytestmark = [pytest.mark.gpu, pytest.mark.large_gpu, pytest.mark.differential]
 
 SHAPE = SHAPES["qwen3-0.6b"]
 SEED = 0

@@ -19,7 +19,7 @@ from spec.speculative import SpeculativeConfig
 from tests.engines import build_engine, record_plans
 from tests.spec.speculation import PlantedDrafts, assert_same_outputs, spy_verifies
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.large_gpu]
 
 SHAPE = SHAPES["qwen3-0.6b"]
 
@@ -59,7 +59,9 @@ def workload(seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
 @pytest.mark.parametrize("chunk", [64, 8192])
 def test_speculation_is_bitwise_invisible_in_batch_invariant_mode(bf16_weights, planted: bool, chunk: int) -> None:
     prompts, params = workload(chunk)
-    plain = engine(bf16_weights, max_num_batched_tokens=chunk).generate(prompts, params)
+    plain_engine = engine(bf16_weights, max_num_batched_tokens=chunk)
+    plain_plans = record_plans(plain_engine)
+    plain = plain_engine.generate(prompts, params)
     fast = engine(bf16_weights, SpeculativeConfig("ngram", 4), max_num_batched_tokens=chunk)
     if planted:
         fast.scheduler.proposer = PlantedDrafts(plain, SHAPE.model_config().vocab_size)
@@ -71,7 +73,9 @@ def test_speculation_is_bitwise_invisible_in_batch_invariant_mode(bf16_weights, 
         assert log.accepted_whole and log.cut_midway and log.rejected_at_once, log.verifies
     if chunk == 64:  # an 8192-token budget admits every prompt in the first step: the shared prefix has no hit
         assert any(output.num_cached_prompt_tokens for output in speculative), "no prefix-cache hit"
-    assert len(plans) < len(plain[0].token_ids) + len(prompts), "speculation saved no step"
+    if planted:  # drafts accepted whole save steps; prompt lookup on random weights is mostly rejected, and its
+        # drafts take budget, so there it may even take a step more (57 against 56 on the H200 at a 64 budget)
+        assert len(plans) < len(plain_plans), "accepted drafts saved no step"
     fast.step()  # idle: every block is free again (rolled-back blocks included)
     assert fast.scheduler.allocator.num_free_blocks == fast.config.num_blocks
 

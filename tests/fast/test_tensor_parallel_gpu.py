@@ -47,6 +47,7 @@ from tests.gpu_checks import compare_fp32, prompts_of, record
 _VISIBLE_GPUS = torch.cuda.device_count()
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.large_gpu,
     pytest.mark.differential,
     pytest.mark.skipif(_VISIBLE_GPUS < 2, reason=f"needs 2 CUDA GPUs for 2 ranks; {_VISIBLE_GPUS} visible"),
 ]
