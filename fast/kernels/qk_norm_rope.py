@@ -36,34 +36,38 @@ from fast.kernels._checks import (
 from fast.kernels.kv_store import check_store_kv_args
 from fast.kernels.pdl import wait_then_release
 
+# Tokens a program rotates on the CPU (Triton's interpreter): a prefill chunk of 64 tokens in 4 programs a
+# head block instead of 64. (On a GPU one token a program: a step's tokens spread over the SMs.)
+INTERPRETER_TOKENS_PER_PROGRAM = 16
+
 
 @triton.jit
 def _norm_rope_heads(
     x_ptr,
     weight_ptr,
-    token,
+    tokens,
     token_stride,
     head_stride,
-    head_start,
+    heads,
     num_heads,
+    token_ok,
     cos,
     sin,
     eps,
     cache_ptr,
-    slot,
+    slots,
     HALF_DIM: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr,
     APPLY_NORM: tl.constexpr,
     STORE: tl.constexpr,
 ):
-    # Tile [HEADS_PER_PROGRAM, HALF_DIM] for each half: head_dim=128, 8 heads from head 16 ->
-    # two 8x64 tiles; element (h, j) of the first half is x[token, 16 + h, j], of the second
-    # half x[token, 16 + h, j + 64]. Heads past num_heads are masked. STORE: the result also goes
-    # to cache_ptr's row `slot` (skipped for slot < 0, a padding token), see _store_cache_heads.
-    heads = head_start + tl.arange(0, HEADS_PER_PROGRAM)
+    # Tile [ROWS, HALF_DIM] for each half, a row per (token, head): tokens, heads, token_ok, slots are
+    # [ROWS]; cos, sin [ROWS, HALF_DIM]. head_dim=128, 8 heads from head 16, one token -> two 8x64 tiles;
+    # element (r, j) of the first half is x[tokens[r], heads[r], j], of the second half x[..., j + 64].
+    # Rows of heads past num_heads, or of tokens past the last, are masked. STORE: the result also goes to
+    # cache_ptr's row slots[r] (skipped for a slot < 0, a padding token), see _stored_heads_mask.
     dims = tl.arange(0, HALF_DIM)
-    mask = (heads < num_heads)[:, None]
-    first_offsets = token * token_stride + heads[:, None] * head_stride + dims[None, :]
+    mask = ((heads < num_heads) & token_ok)[:, None]
+    first_offsets = tokens[:, None] * token_stride + heads[:, None] * head_stride + dims[None, :]
     second_offsets = first_offsets + HALF_DIM
     first = tl.load(x_ptr + first_offsets, mask=mask, other=0.0).to(tl.float32)
     second = tl.load(x_ptr + second_offsets, mask=mask, other=0.0).to(tl.float32)
@@ -75,54 +79,52 @@ def _norm_rope_heads(
         first = first * inverse_rms * tl.load(weight_ptr + dims).to(tl.float32)[None, :]
         second = second * inverse_rms * tl.load(weight_ptr + HALF_DIM + dims).to(tl.float32)[None, :]
 
-    rotated_first = first * cos[None, :] - second * sin[None, :]
-    rotated_second = second * cos[None, :] + first * sin[None, :]
+    rotated_first = first * cos - second * sin
+    rotated_second = second * cos + first * sin
     out_dtype = x_ptr.dtype.element_ty
     rounded_first, rounded_second = rotated_first.to(out_dtype), rotated_second.to(out_dtype)
     tl.store(x_ptr + first_offsets, rounded_first, mask=mask)
     tl.store(x_ptr + second_offsets, rounded_second, mask=mask)
     if STORE:
-        cache_first = _cache_offsets(slot, heads, num_heads, 2 * HALF_DIM) + dims[None, :]
-        cache_mask = _stored_heads_mask(slot, heads, num_heads)
+        cache_first = _cache_offsets(slots, heads, num_heads, 2 * HALF_DIM) + dims[None, :]
+        cache_mask = _stored_heads_mask(slots, heads, num_heads)
         cache_dtype = cache_ptr.dtype.element_ty
         tl.store(cache_ptr + cache_first, rounded_first.to(cache_dtype), mask=cache_mask)
         tl.store(cache_ptr + cache_first + HALF_DIM, rounded_second.to(cache_dtype), mask=cache_mask)
 
 
 @triton.jit
-def _cache_offsets(slot, heads, num_heads, HEAD_DIM: tl.constexpr):
-    # [HEADS, 1] offsets of each head's row start in a contiguous [num_blocks, block_size, num_heads,
-    # HEAD_DIM] cache: slot 37, 8 heads x 128 dims -> head h at 37 * 1024 + h * 128 (int64: a large
+def _cache_offsets(slots, heads, num_heads, HEAD_DIM: tl.constexpr):
+    # [ROWS, 1] offsets of each row's head start in a contiguous [num_blocks, block_size, num_heads,
+    # HEAD_DIM] cache: slot 37, head h of 8 heads x 128 dims -> 37 * 1024 + h * 128 (int64: a large
     # cache passes 2**31 elements).
-    return slot.to(tl.int64) * (num_heads * HEAD_DIM) + heads[:, None] * HEAD_DIM
+    return slots[:, None].to(tl.int64) * (num_heads * HEAD_DIM) + heads[:, None] * HEAD_DIM
 
 
 @triton.jit
-def _stored_heads_mask(slot, heads, num_heads):
-    # [HEADS, 1]: the heads that exist, none for a padding token (slot -1). (A scalar `slot >= 0` and-ed
-    # into the head mask is rejected by Triton's interpreter as a store mask; this form is not.)
-    return (heads < tl.where(slot >= 0, num_heads, 0))[:, None]
+def _stored_heads_mask(slots, heads, num_heads):
+    # [ROWS, 1]: the rows whose head exists and whose token is stored (not a padding token, slot -1; not
+    # a row past the last token, loaded as slot -1).
+    return (heads < tl.where(slots >= 0, num_heads, 0))[:, None]
 
 
 @triton.jit
 def _copy_heads_to_cache(
     v_ptr,
-    token,
+    tokens,
     token_stride,
     head_stride,
-    head_start,
+    heads,
     num_heads,
     cache_ptr,
-    slot,
+    slots,
     HEAD_DIM: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr,
 ):
-    # v[token, head_start:head_start + HEADS_PER_PROGRAM, :] -> cache row `slot`, as store_kv copies it.
-    heads = head_start + tl.arange(0, HEADS_PER_PROGRAM)
+    # v[tokens[r], heads[r], :] -> cache row slots[r], for each row r, as store_kv copies them.
     dims = tl.arange(0, HEAD_DIM)
-    mask = _stored_heads_mask(slot, heads, num_heads)
-    rows = tl.load(v_ptr + token * token_stride + heads[:, None] * head_stride + dims[None, :], mask=mask)
-    cache = _cache_offsets(slot, heads, num_heads, HEAD_DIM) + dims[None, :]
+    mask = _stored_heads_mask(slots, heads, num_heads)
+    rows = tl.load(v_ptr + tokens[:, None] * token_stride + heads[:, None] * head_stride + dims[None, :], mask=mask)
+    cache = _cache_offsets(slots, heads, num_heads, HEAD_DIM) + dims[None, :]
     tl.store(cache_ptr + cache, rows.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
@@ -138,6 +140,7 @@ def _qk_norm_rope_kernel(
     q_head_stride,
     k_token_stride,
     k_head_stride,
+    num_tokens,
     num_q_heads,
     num_kv_heads,
     num_q_programs,
@@ -150,74 +153,80 @@ def _qk_norm_rope_kernel(
     slots_ptr,
     HALF_DIM: tl.constexpr,
     HEADS_PER_PROGRAM: tl.constexpr,
+    TOKENS_PER_PROGRAM: tl.constexpr,
     APPLY_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
-    # Grid (num_tokens, num_q_programs + num_kv_programs): 32 q heads, 8 kv heads, 8 heads per
-    # program -> head blocks 0..3 are q heads 0-7, 8-15, 16-23, 24-31 and block 4 is k heads 0-7.
-    # Equal-sized programs keep the SMs evenly loaded; q and k share one launch. With STORE_KV the
-    # k programs also write their heads of k and v to the caches (v, caches and slots unread otherwise).
-    token = tl.program_id(0).to(tl.int64)
+    # Grid (cdiv(num_tokens, TOKENS_PER_PROGRAM), num_q_programs + num_kv_programs): 32 q heads, 8 kv
+    # heads, 8 heads per program -> head blocks 0..3 are q heads 0-7, 8-15, 16-23, 24-31 and block 4 is
+    # k heads 0-7. Equal-sized programs keep the SMs evenly loaded; q and k share one launch. With
+    # STORE_KV the k programs also write their heads of k and v to the caches (v, caches and slots unread
+    # otherwise). A program's rows are (token, head) pairs, token-major: TOKENS_PER_PROGRAM is 1 on a GPU
+    # (a token's heads per program) and larger in Triton's interpreter, where a program's cost goes by
+    # its operations, not its size (see qk_norm_rope_).
+    rows = tl.arange(0, TOKENS_PER_PROGRAM * HEADS_PER_PROGRAM)
+    tokens = tl.program_id(0).to(tl.int64) * TOKENS_PER_PROGRAM + rows // HEADS_PER_PROGRAM
+    token_ok = tokens < num_tokens
     head_block = tl.program_id(1)
-    position = tl.load(positions_ptr + token)
-    # cos_sin_cache row of `position`: [cos_0 .. cos_{half-1}, sin_0 .. sin_{half-1}].
+    positions = tl.load(positions_ptr + tokens, mask=token_ok, other=0)
+    # cos_sin_cache row of each row's position: [cos_0 .. cos_{half-1}, sin_0 .. sin_{half-1}].
     dims = tl.arange(0, HALF_DIM)
-    cos = tl.load(cos_sin_ptr + position * (2 * HALF_DIM) + dims)
-    sin = tl.load(cos_sin_ptr + position * (2 * HALF_DIM) + HALF_DIM + dims)
+    cos = tl.load(cos_sin_ptr + positions[:, None] * (2 * HALF_DIM) + dims[None, :])
+    sin = tl.load(cos_sin_ptr + positions[:, None] * (2 * HALF_DIM) + HALF_DIM + dims[None, :])
     if head_block < num_q_programs:
+        heads = head_block * HEADS_PER_PROGRAM + rows % HEADS_PER_PROGRAM
         _norm_rope_heads(
             q_ptr,
             q_weight_ptr,
-            token,
+            tokens,
             q_token_stride,
             q_head_stride,
-            head_block * HEADS_PER_PROGRAM,
+            heads,
             num_q_heads,
+            token_ok,
             cos,
             sin,
             eps,
             q_ptr,
-            0,
+            tokens,
             HALF_DIM,
-            HEADS_PER_PROGRAM,
             APPLY_NORM,
             False,
         )
     else:
-        slot = tl.load(slots_ptr + token) if STORE_KV else -1
-        head_start = (head_block - num_q_programs) * HEADS_PER_PROGRAM
+        slots = tl.load(slots_ptr + tokens, mask=token_ok, other=-1) if STORE_KV else tokens
+        heads = (head_block - num_q_programs) * HEADS_PER_PROGRAM + rows % HEADS_PER_PROGRAM
         _norm_rope_heads(
             k_ptr,
             k_weight_ptr,
-            token,
+            tokens,
             k_token_stride,
             k_head_stride,
-            head_start,
+            heads,
             num_kv_heads,
+            token_ok,
             cos,
             sin,
             eps,
             k_cache_ptr,
-            slot,
+            slots,
             HALF_DIM,
-            HEADS_PER_PROGRAM,
             APPLY_NORM,
             STORE_KV,
         )
         if STORE_KV:
             _copy_heads_to_cache(
                 v_ptr,
-                token,
+                tokens,
                 v_token_stride,
                 v_head_stride,
-                head_start,
+                heads,
                 num_kv_heads,
                 v_cache_ptr,
-                slot,
+                slots,
                 2 * HALF_DIM,
-                HEADS_PER_PROGRAM,
             )
 
 
@@ -231,19 +240,24 @@ def qk_norm_rope_(
     eps: float,
     *,
     heads_per_program: int = 8,
+    tokens_per_program: int | None = None,
     num_warps: int = 2,
     pdl: bool = False,
 ) -> None:
     """Apply per-head RMSNorm then rotate-half RoPE to q and k, in place (trailing underscore).
 
     With q_weight and k_weight both None the norm is skipped (RoPE only: Llama and Qwen2,
-    see `rope_`). heads_per_program (a power of two) and num_warps are tuning knobs; the
-    defaults were measured best on an H200 (see fast/kernels/NOTES.md).
+    see `rope_`). heads_per_program, tokens_per_program (powers of two) and num_warps are tuning
+    knobs; the defaults were measured best on an H200 (see fast/kernels/NOTES.md). tokens_per_program
+    defaults to 1 on a GPU and to INTERPRETER_TOKENS_PER_PROGRAM on the CPU, where Triton's interpreter
+    runs each program's operations in Python one after another: a program's cost goes by how many
+    operations it runs, hardly by how many elements each has.
 
     Positions are not range-checked against cos_sin_cache (that would need a device sync):
     the caller guarantees 0 <= position < max_positions.
     """
-    _norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, None, (heads_per_program, num_warps, pdl))
+    launch = (heads_per_program, tokens_per_program, num_warps, pdl)
+    _norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, None, launch)
 
 
 def qk_norm_rope_store_kv_(
@@ -260,6 +274,7 @@ def qk_norm_rope_store_kv_(
     slot_mapping: torch.Tensor,
     *,
     heads_per_program: int = 8,
+    tokens_per_program: int | None = None,
     num_warps: int = 2,
     pdl: bool = False,
 ) -> None:
@@ -267,7 +282,8 @@ def qk_norm_rope_store_kv_(
     values in q, k and the caches (the cached k is the k stored back, rounded once). Arguments as those
     two functions take them; padding tokens (slot < 0) are rotated but not stored."""
     cache = (v, k_cache, v_cache, slot_mapping)
-    _norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, cache, (heads_per_program, num_warps, pdl))
+    launch = (heads_per_program, tokens_per_program, num_warps, pdl)
+    _norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, eps, cache, launch)
 
 
 def _norm_rope(
@@ -279,11 +295,12 @@ def _norm_rope(
     positions: torch.Tensor,
     eps: float,
     cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
-    launch: tuple[int, int, bool],
+    launch: tuple[int, int | None, int, bool],
 ) -> None:
     """Check the arguments (TypeError/ValueError naming a bad one), then launch. cache: (v, k_cache,
-    v_cache, slot_mapping) to store k and v too, or None; launch: (heads_per_program, num_warps, pdl)."""
-    heads_per_program, num_warps, pdl = launch
+    v_cache, slot_mapping) to store k and v too, or None; launch: (heads_per_program, tokens_per_program,
+    num_warps, pdl)."""
+    heads_per_program, tokens_per_program, num_warps, pdl = launch
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES)
     apply_norm = _check_norm_weights(q, q_weight, k_weight)
@@ -303,8 +320,11 @@ def _norm_rope(
         raise ValueError(f"head_dim must be a power of two >= 2, got {head_dim}")
     if not isinstance(eps, float) or eps <= 0:
         raise ValueError(f"eps must be a positive float, got {eps!r}")
-    if heads_per_program < 1 or heads_per_program & (heads_per_program - 1):
-        raise ValueError(f"heads_per_program must be a power of two, got {heads_per_program}")
+    for name, value in (("heads_per_program", heads_per_program), ("tokens_per_program", tokens_per_program)):
+        if value is not None and (value < 1 or value & (value - 1)):
+            raise ValueError(f"{name} must be a power of two, got {value}")
+    if tokens_per_program is None:
+        tokens_per_program = 1 if q.is_cuda else INTERPRETER_TOKENS_PER_PROGRAM
     if cache is not None:
         check_store_kv_args(k, *cache)
     num_q_heads, num_kv_heads = q.shape[1], k.shape[1]
@@ -316,7 +336,7 @@ def _norm_rope(
     v, k_cache, v_cache, slots = cache if cache is not None else (q, q, q, positions)
     num_q_programs = triton.cdiv(num_q_heads, heads_per_program)
     num_kv_programs = triton.cdiv(num_kv_heads, heads_per_program)
-    _qk_norm_rope_kernel[(num_tokens, num_q_programs + num_kv_programs)](
+    _qk_norm_rope_kernel[(triton.cdiv(num_tokens, tokens_per_program), num_q_programs + num_kv_programs)](
         q,
         k,
         q_weight_arg,
@@ -327,6 +347,7 @@ def _norm_rope(
         q.stride(1),
         k.stride(0),
         k.stride(1),
+        num_tokens,
         num_q_heads,
         num_kv_heads,
         num_q_programs,
@@ -339,6 +360,7 @@ def _norm_rope(
         slots,
         HALF_DIM=head_dim // 2,
         HEADS_PER_PROGRAM=heads_per_program,
+        TOKENS_PER_PROGRAM=tokens_per_program,
         APPLY_NORM=apply_norm,
         STORE_KV=cache is not None,
         USE_PDL=pdl,

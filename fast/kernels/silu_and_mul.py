@@ -16,6 +16,9 @@ from fast.kernels.pdl import wait_then_release
 
 # Elements of one row handled by one program (a 2-D grid covers wide rows).
 _BLOCK_COLS = 1024
+# Rows a program takes: one on a GPU; on the CPU, where Triton's interpreter runs each program's operations in
+# Python one after another (its cost goes by operations, hardly by elements), a 64-token chunk in 4 programs.
+_INTERPRETER_ROWS_PER_PROGRAM = 16
 
 
 @triton.jit
@@ -24,24 +27,30 @@ def _silu_and_mul_kernel(
     out_ptr,
     x_row_stride,
     out_row_stride,
+    num_rows,
     intermediate,
     BLOCK_COLS: tl.constexpr,
+    ROWS_PER_PROGRAM: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
-    # Program (row, column block): intermediate=14336, BLOCK_COLS=1024 -> 14 column blocks;
-    # block 3 covers columns 3072..4095 of gate (x[row, 3072:4096]) and of up (x[row, 14336+3072:...]).
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
-    mask = cols < intermediate
-    gate = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * x_row_stride + intermediate + cols, mask=mask, other=0.0).to(tl.float32)
+    # Program (row block, column block): intermediate=14336, BLOCK_COLS=1024 -> 14 column blocks;
+    # block 3 covers columns 3072..4095 of gate (x[row, 3072:4096]) and of up (x[row, 14336+3072:...]),
+    # for ROWS_PER_PROGRAM rows: a [ROWS_PER_PROGRAM, BLOCK_COLS] tile.
+    rows = (tl.program_id(0).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM))[:, None]
+    cols = (tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS))[None, :]
+    mask = (rows < num_rows) & (cols < intermediate)
+    gate = tl.load(x_ptr + rows * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + rows * x_row_stride + intermediate + cols, mask=mask, other=0.0).to(tl.float32)
     activated = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + row * out_row_stride + cols, activated.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + rows * out_row_stride + cols, activated.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
-    """Return silu(x[:, :I]) * x[:, I:] as a new [num_tokens, I] tensor (or into `out`)."""
+def silu_and_mul(
+    x: torch.Tensor, *, out: torch.Tensor | None = None, pdl: bool = False, rows_per_program: int | None = None
+) -> torch.Tensor:
+    """Return silu(x[:, :I]) * x[:, I:] as a new [num_tokens, I] tensor (or into `out`). rows_per_program (a
+    power of two; elementwise, so the result is the same for any) defaults to 1 on a GPU, more on the CPU."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     num_tokens, width = x.shape
     if width % 2:
@@ -54,12 +63,16 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None, pdl: bool 
     check_shape("out", out, (num_tokens, intermediate))
     check_last_dim_contiguous("out", out)
     check_same_device("x", x, out=out)
+    if rows_per_program is None:
+        rows_per_program = 1 if x.is_cuda else _INTERPRETER_ROWS_PER_PROGRAM
+    if rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
+        raise ValueError(f"rows_per_program must be a power of two, got {rows_per_program}")
     if num_tokens == 0 or intermediate == 0:
         return out
     block_cols = min(_BLOCK_COLS, triton.next_power_of_2(intermediate))
-    grid = (num_tokens, triton.cdiv(intermediate, block_cols))
+    grid = (triton.cdiv(num_tokens, rows_per_program), triton.cdiv(intermediate, block_cols))
     _silu_and_mul_kernel[grid](
-        x, out, x.stride(0), out.stride(0), intermediate, BLOCK_COLS=block_cols, USE_PDL=pdl, launch_pdl=pdl,
-        num_warps=4,
+        x, out, x.stride(0), out.stride(0), num_tokens, intermediate, BLOCK_COLS=block_cols,
+        ROWS_PER_PROGRAM=rows_per_program, USE_PDL=pdl, launch_pdl=pdl, num_warps=4,
     )  # fmt: skip
     return out

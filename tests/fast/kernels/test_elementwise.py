@@ -11,7 +11,7 @@ from fast.kernels.add_rmsnorm import add_rmsnorm, rmsnorm
 from fast.kernels.qk_norm_rope import qk_norm_rope_
 from fast.kernels.silu_and_mul import silu_and_mul
 from reports.bench.kernels.kernel_reference import reference_add_rmsnorm, reference_qk_norm_rope, reference_silu_and_mul
-from tests.fast.kernels.reference import DEVICE, assert_close_scaled, build_cos_sin_cache, poisoned_like
+from tests.fast.kernels.reference import DEVICE, ON_GPU, assert_close_scaled, build_cos_sin_cache, poisoned_like
 from tests.fast.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator
 
 GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -121,6 +121,7 @@ def _check_qk_norm_rope(
     dtype: torch.dtype,
     seed: int,
     heads_per_program: int = 8,
+    tokens_per_program: int | None = None,
 ) -> None:
     generator = seeded_generator(seed)
     max_positions = 4096
@@ -133,7 +134,8 @@ def _check_qk_norm_rope(
     positions = torch.randint(0, max_positions, (num_tokens,), generator=generator).to(DEVICE)
     expected_q = reference_qk_norm_rope(q, q_weight, cos_sin_cache, positions, 1e-6)
     expected_k = reference_qk_norm_rope(k, k_weight, cos_sin_cache, positions, 1e-6)
-    qk_norm_rope_(q, k, q_weight, k_weight, cos_sin_cache, positions, 1e-6, heads_per_program=heads_per_program)
+    launch = {"heads_per_program": heads_per_program, "tokens_per_program": tokens_per_program}
+    qk_norm_rope_(q, k, q_weight, k_weight, cos_sin_cache, positions, 1e-6, **launch)
     assert_close_scaled(q, expected_q, dtype, "qk_norm_rope q")
     assert_close_scaled(k, expected_k, dtype, "qk_norm_rope k")
     assert torch.equal(qkv[:, num_q_heads + num_kv_heads :], v_before), "v must be untouched"
@@ -146,20 +148,55 @@ def _check_qk_norm_rope(
     heads=st.sampled_from([(1, 1), (4, 2), (6, 3), (8, 1), (12, 4)]),
     head_dim=st.sampled_from([64, 128]),
     heads_per_program=st.sampled_from([1, 2, 4, 8]),
+    tokens_per_program=st.sampled_from([None, 1, 2, 4, 16]),
     seed=st.integers(0, 2**31 - 1),
 )
 def test_qk_norm_rope_matches_reference(
-    dtype: torch.dtype, num_tokens: int, heads: tuple[int, int], head_dim: int, heads_per_program: int, seed: int
+    dtype: torch.dtype,
+    num_tokens: int,
+    heads: tuple[int, int],
+    head_dim: int,
+    heads_per_program: int,
+    tokens_per_program: int | None,
+    seed: int,
 ) -> None:
-    _check_qk_norm_rope(num_tokens, heads[0], heads[1], head_dim, dtype, seed, heads_per_program)
+    _check_qk_norm_rope(num_tokens, heads[0], heads[1], head_dim, dtype, seed, heads_per_program, tokens_per_program)
+
+
+def _rotated(qkv: torch.Tensor, num_q_heads: int, tokens_per_program: int, **shared: object) -> torch.Tensor:
+    qkv = qkv.clone()
+    q, k = qkv[:, :num_q_heads], qkv[:, num_q_heads:]
+    qk_norm_rope_(q, k, **shared, eps=1e-6, tokens_per_program=tokens_per_program)
+    return qkv
+
+
+@pytest.mark.parametrize("dtype", GPU_DTYPES if ON_GPU else CPU_DTYPES)
+def test_qk_norm_rope_is_bitwise_the_same_for_any_tokens_per_program(dtype: torch.dtype) -> None:
+    """A token's rotated heads do not depend on how many tokens its program holds, nor on its row there:
+    the CPU (16 tokens a program) and a GPU (one) run one function, and batch invariance holds either way."""
+    generator = seeded_generator(4)
+    head_dim, num_q_heads, num_kv_heads, num_tokens = 64, 6, 3, 37
+    qkv = _random((num_tokens, num_q_heads + num_kv_heads, head_dim), dtype, generator, scale=3.0)
+    shared = {
+        "q_weight": _random((head_dim,), dtype, generator),
+        "k_weight": _random((head_dim,), dtype, generator),
+        "cos_sin_cache": build_cos_sin_cache(4096, head_dim),
+        "positions": torch.randint(0, 4096, (num_tokens,), generator=generator).to(DEVICE),
+    }
+    one = _rotated(qkv, num_q_heads, 1, **shared)
+    for tokens_per_program in (2, 16, 64):
+        assert torch.equal(_rotated(qkv, num_q_heads, tokens_per_program, **shared), one), tokens_per_program
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("heads_per_program", [2, 4, 8, 16, 32])
-def test_qk_norm_rope_large_gpu(dtype: torch.dtype, head_dim: int, heads_per_program: int) -> None:
-    _check_qk_norm_rope(2049, 32, 8, head_dim, dtype, 0, heads_per_program)
+@pytest.mark.parametrize("tokens_per_program", [1, 4])
+def test_qk_norm_rope_large_gpu(
+    dtype: torch.dtype, head_dim: int, heads_per_program: int, tokens_per_program: int
+) -> None:
+    _check_qk_norm_rope(2049, 32, 8, head_dim, dtype, 0, heads_per_program, tokens_per_program)
 
 
 @pytest.mark.parametrize(
@@ -194,27 +231,38 @@ def test_qk_norm_rope_rejects_bad_arguments(kwargs: dict, error: type[Exception]
 # ----------------------------------------------------------------------------- SiLU * mul
 
 
-def _check_silu_and_mul(num_tokens: int, intermediate: int, dtype: torch.dtype, seed: int) -> None:
+def _check_silu_and_mul(
+    num_tokens: int, intermediate: int, dtype: torch.dtype, seed: int, rows_per_program: int | None = None
+) -> None:
+    """Close to the reference, and the same bits for every rows_per_program (elementwise: a row's result
+    cannot depend on the program that holds it)."""
     generator = seeded_generator(seed)
     x = _random((num_tokens, 2 * intermediate), dtype, generator, scale=3.0)
     out = torch.full((num_tokens, intermediate), float("nan"), dtype=dtype, device=DEVICE)
-    assert silu_and_mul(x, out=out) is out
+    assert silu_and_mul(x, out=out, rows_per_program=rows_per_program) is out
     assert_close_scaled(out, reference_silu_and_mul(x), dtype, "silu_and_mul")
+    assert torch.equal(silu_and_mul(x, rows_per_program=1), out)
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @kernel_settings(cpu_examples=20)
 @given(
-    num_tokens=st.integers(1, 9), intermediate=st.sampled_from([1, 64, 100, 1024, 1500]), seed=st.integers(0, 2**31 - 1)
+    num_tokens=st.integers(1, 9),
+    intermediate=st.sampled_from([1, 64, 100, 1024, 1500]),
+    rows_per_program=st.sampled_from([None, 1, 2, 16]),
+    seed=st.integers(0, 2**31 - 1),
 )
-def test_silu_and_mul_matches_reference(dtype: torch.dtype, num_tokens: int, intermediate: int, seed: int) -> None:
-    _check_silu_and_mul(num_tokens, intermediate, dtype, seed)
+def test_silu_and_mul_matches_reference(
+    dtype: torch.dtype, num_tokens: int, intermediate: int, rows_per_program: int | None, seed: int
+) -> None:
+    _check_silu_and_mul(num_tokens, intermediate, dtype, seed, rows_per_program)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
-def test_silu_and_mul_large_gpu(dtype: torch.dtype) -> None:
-    _check_silu_and_mul(4097, 12288, dtype, 0)
+@pytest.mark.parametrize("rows_per_program", [1, 4])
+def test_silu_and_mul_large_gpu(dtype: torch.dtype, rows_per_program: int) -> None:
+    _check_silu_and_mul(4097, 12288, dtype, 0, rows_per_program)
 
 
 @pytest.mark.parametrize(
@@ -235,6 +283,16 @@ def test_silu_and_mul_rejects_bad_arguments(
     out = out.to(DEVICE) if out is not None and out.device.type != "meta" else out
     with pytest.raises(error, match=names):
         silu_and_mul(x, out=out)
+
+
+def test_programs_per_row_knobs_must_be_powers_of_two() -> None:
+    x = torch.zeros(3, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="rows_per_program must be a power of two, got 3"):
+        silu_and_mul(x, rows_per_program=3)
+    q, k, cache = torch.zeros(3, 2, 16, device=DEVICE), torch.zeros(3, 1, 16, device=DEVICE), build_cos_sin_cache(8, 16)
+    positions = torch.zeros(3, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match="tokens_per_program must be a power of two, got 0"):
+        qk_norm_rope_(q, k, None, None, cache, positions, 1e-6, tokens_per_program=0)
 
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)

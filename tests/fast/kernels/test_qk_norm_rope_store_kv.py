@@ -52,7 +52,14 @@ def _split(qkv: torch.Tensor, num_q_heads: int, num_kv_heads: int) -> tuple[torc
     return qkv[:, :num_q_heads], qkv[:, num_q_heads : num_q_heads + num_kv_heads], qkv[:, num_q_heads + num_kv_heads :]
 
 
-def _check(num_q_heads: int, num_kv_heads: int, heads_per_program: int, **case_args: object) -> None:
+def _check(
+    num_q_heads: int,
+    num_kv_heads: int,
+    heads_per_program: int,
+    tokens_per_program: tuple[int | None, int | None],
+    **case_args: object,
+) -> None:
+    """The fused kernel with tokens_per_program[0], the two unfused ones with tokens_per_program[1]."""
     fused = _case(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, **case_args)
     unfused = {name: t.clone() if t is not None else None for name, t in fused.items()}
     q, k, v = _split(fused["qkv"], num_q_heads, num_kv_heads)
@@ -60,9 +67,12 @@ def _check(num_q_heads: int, num_kv_heads: int, heads_per_program: int, **case_a
     qk_norm_rope_store_kv_(
         q, k, v, **shared, eps=1e-6, k_cache=fused["k_cache"], v_cache=fused["v_cache"],
         slot_mapping=fused["slot_mapping"], heads_per_program=heads_per_program,
+        tokens_per_program=tokens_per_program[0],
     )  # fmt: skip
     q2, k2, v2 = _split(unfused["qkv"], num_q_heads, num_kv_heads)
-    qk_norm_rope_(q2, k2, **shared, eps=1e-6, heads_per_program=heads_per_program)
+    qk_norm_rope_(
+        q2, k2, **shared, eps=1e-6, heads_per_program=heads_per_program, tokens_per_program=tokens_per_program[1]
+    )
     store_kv(k2, v2, unfused["k_cache"], unfused["v_cache"], unfused["slot_mapping"])
     for name in ("qkv", "k_cache", "v_cache"):
         assert torch.equal(fused[name], unfused[name]), name
@@ -77,6 +87,7 @@ def _check(num_q_heads: int, num_kv_heads: int, heads_per_program: int, **case_a
     head_dim=st.sampled_from([64, 128]),
     block_size=st.sampled_from([4, 16]),
     heads_per_program=st.sampled_from([1, 2, 4, 8]),
+    tokens_per_program=st.tuples(*[st.sampled_from([None, 1, 2, 16])] * 2),
     with_norm=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
@@ -88,22 +99,26 @@ def test_fused_equals_norm_rope_then_store(
     head_dim: int,
     block_size: int,
     heads_per_program: int,
+    tokens_per_program: tuple[int | None, int | None],
     with_norm: bool,
     seed: int,
 ) -> None:
     _check(
-        heads[0], heads[1], heads_per_program, num_tokens=num_tokens, head_dim=head_dim, block_size=block_size,
-        num_padding=num_padding, dtype=dtype, seed=seed, with_norm=with_norm,
+        heads[0], heads[1], heads_per_program, tokens_per_program, num_tokens=num_tokens, head_dim=head_dim,
+        block_size=block_size, num_padding=num_padding, dtype=dtype, seed=seed, with_norm=with_norm,
     )  # fmt: skip
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("heads_per_program", [2, 8, 32])
-def test_fused_equals_norm_rope_then_store_large_gpu(dtype: torch.dtype, heads_per_program: int) -> None:
+@pytest.mark.parametrize("tokens_per_program", [(1, 1), (4, 1)])
+def test_fused_equals_norm_rope_then_store_large_gpu(
+    dtype: torch.dtype, heads_per_program: int, tokens_per_program: tuple[int, int]
+) -> None:
     _check(
-        32, 8, heads_per_program, num_tokens=2049, head_dim=128, block_size=16, num_padding=7, dtype=dtype, seed=1,
-        with_norm=True,
+        32, 8, heads_per_program, tokens_per_program, num_tokens=2049, head_dim=128, block_size=16, num_padding=7,
+        dtype=dtype, seed=1, with_norm=True,
     )  # fmt: skip
 
 
