@@ -33,7 +33,7 @@ from spec.engine_config import EngineConfig
 from spec.invariants import RequestState, SchedulerSnapshot
 from spec.request import FinishLimits, FinishReason, Request, RequestStatus
 from spec.scheduling import ScheduledChunk, StepPlan, draft_room, max_prefix_hit_blocks
-from spec.speculative import DraftProposer, draft_limit, make_ngram_proposer
+from spec.speculative import AcceptanceGate, DraftProposer, draft_limit, is_large_batch, make_ngram_proposer
 
 
 class RequestTokens(Sequence[int]):
@@ -114,6 +114,7 @@ class Scheduler:
         self._admitted: dict[str, _Admitted] = {}  # running request id -> its state from admission
         self._plan: StepPlan | None = None  # the plan scheduled and not yet updated (its counts: snapshot)
         self._admission: dict[str, tuple[int, int]] = {}  # request id -> (cached tokens, tokens) at admission
+        self._gates: dict[str, AcceptanceGate] = {}  # request id -> when it proposes (speculative decoding only)
 
     @property
     def running(self) -> list[Request]:
@@ -128,6 +129,8 @@ class Scheduler:
         chain = BlockHashChain(self.config.block_size, self.allocator.hash_function)
         self._tracked[request.request_id] = _Tracked(request, RequestTokens(request), chain)
         self.waiting.append(request)
+        if self.config.speculative is not None:
+            self._gates[request.request_id] = AcceptanceGate(self.config.speculative)
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -186,12 +189,15 @@ class Scheduler:
         budget and the free blocks allow; the budget left."""
         if budget <= 0:
             return budget
-        running, admitted = self._running, self._admitted
+        running, admitted, gates = self._running, self._admitted, self._gates
         k = self.config.speculative.num_speculative_tokens
+        decoding = [index for index, chunk in enumerate(chunks) if chunk.num_tokens == 1 and chunk.samples]
+        large_batch = is_large_batch(self.config.speculative, len(decoding))
         candidates: list[tuple[int, Request, int]] = []  # (chunk index, request, draft limit)
-        for index, chunk in enumerate(chunks):
-            if chunk.num_tokens == 1 and chunk.samples:
-                request = running[chunk.request_id]
+        for index in decoding:
+            chunk = chunks[index]
+            request = running[chunk.request_id]
+            if gates[chunk.request_id].may_propose(len(request.output_token_ids), large_batch):
                 limit = draft_limit(k, len(request.output_token_ids), admitted[chunk.request_id].limits.max_outputs)
                 if limit > 0:
                     candidates.append((index, request, limit))
@@ -308,7 +314,7 @@ class Scheduler:
             request_id = chunk.request_id
             request = running[request_id]
             if chunk.draft_token_ids:
-                if self._update_verified(request, sampled[request_id]):
+                if self._update_verified(request, len(chunk.draft_token_ids), sampled[request_id]):
                     finished.append(request)
                 continue
             old_computed = request.num_computed_tokens
@@ -329,8 +335,9 @@ class Scheduler:
         self._plan = None
         return finished
 
-    def _update_verified(self, request: Request, tokens: int | Sequence[int]) -> bool:
-        """Apply a verify chunk's tokens (spec.speculative.accepted_tokens); whether the request finished."""
+    def _update_verified(self, request: Request, num_drafted: int, tokens: int | Sequence[int]) -> bool:
+        """Apply a verify chunk's tokens (spec.speculative.accepted_tokens) and record its acceptance; whether
+        the request finished."""
         tokens = (tokens,) if isinstance(tokens, int) else tuple(tokens)
         request_id = request.request_id
         limits = self._admitted[request_id].limits
@@ -349,6 +356,7 @@ class Scheduler:
         if reason is not None:
             self._finish(request, reason)
             return True
+        self._gates[request_id].record(num_drafted, len(tokens) - 1, len(request.output_token_ids))
         return False
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
@@ -360,6 +368,7 @@ class Scheduler:
         self._admission.pop(request.request_id, None)
         self._admitted.pop(request.request_id, None)
         self._tracked.pop(request.request_id, None)
+        self._gates.pop(request.request_id, None)
         request.finish(reason)
 
     def abort(self, request: Request) -> None:
@@ -383,6 +392,7 @@ class Scheduler:
                 cached_tokens_at_admission=cached,
                 tokens_at_admission=tokens,
                 num_draft_tokens=drafted.get(request_id, 0),
+                draft_gate=gate.state() if (gate := self._gates.get(request_id)) else None,
             )
         return SchedulerSnapshot(
             config=self.config,

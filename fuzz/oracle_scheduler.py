@@ -7,6 +7,7 @@ decisions it makes, step by step. Its block ids are its own (decisions never dep
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +24,17 @@ class OracleRequest:
     script: RequestScript
     output: list[int] = field(default_factory=list)
     computed: int = 0
+    # Its acceptance gate (spec.speculative.AcceptanceGate, in the oracle's own words): the (drafted,
+    # accepted) counts of its verify chunks since it last paused, when it may propose again, the next
+    # pause's length (None: the configured start) and whether its next verify is a probe.
+    verifies: list[tuple[int, int]] = field(default_factory=list)
+    resume_at: int = 0
+    backoff: int = 0  # set when added
+    probing: bool = False
+
+    def gate_state(self) -> tuple[int, int, bool, tuple[tuple[int, int], ...]]:
+        """As spec.speculative.AcceptanceGate.state: (resume_at, backoff, probing, window)."""
+        return self.resume_at, self.backoff, self.probing, tuple(self.verifies)
 
     @property
     def request_id(self) -> str:
@@ -41,9 +53,15 @@ class OracleScheduler:
         self.waiting: list[OracleRequest] = []  # index 0 is the head
         self.running: list[OracleRequest] = []  # oldest admission first
         self.finish_reasons: dict[str, FinishReason] = {}
+        # What the acceptance gates did (the fuzzer's coverage): pauses, probes judged, decoding chunks kept
+        # from proposing by a pause or by a large step.
+        self.gate_events: Counter[str] = Counter()
 
     def add(self, script: RequestScript) -> None:
-        self.waiting.append(OracleRequest(script))
+        request = OracleRequest(script)
+        if self.config.speculative is not None:
+            request.backoff = self.config.speculative.backoff_outputs
+        self.waiting.append(request)
 
     def schedule(self) -> StepPlan:
         budget = self.config.max_num_batched_tokens  # 1.
@@ -86,10 +104,16 @@ class OracleScheduler:
         token budget and to what the free blocks cover (never a preemption)."""
         speculative = self.config.speculative
         by_id = {request.request_id: request for request in self.running}
-        for index, chunk in enumerate(chunks):
-            if not (chunk.num_tokens == 1 and chunk.samples) or budget <= 0:
+        decoding = [index for index, chunk in enumerate(chunks) if chunk.num_tokens == 1 and chunk.samples]
+        rows = speculative.large_batch_rows
+        large = rows is not None and len(decoding) >= rows
+        for index in decoding:
+            chunk = chunks[index]
+            if budget <= 0:
                 continue
             request = by_id[chunk.request_id]
+            if not self._may_propose(request, large):
+                continue
             max_outputs = min(request.script.max_tokens, self.config.model_len - len(request.script.prompt))
             limit = min(speculative.num_speculative_tokens, max_outputs - len(request.output) - 1)
             if limit <= 0:
@@ -104,6 +128,45 @@ class OracleScheduler:
             chunks[index] = ScheduledChunk(chunk.request_id, chunk.start, 1 + len(draft), True, tuple(draft))
             budget -= len(draft)
         return budget
+
+    def _may_propose(self, request: OracleRequest, large: bool) -> bool:
+        """Not paused and, in a large step, a full window of verifies that accepted at least the large-step
+        rate of their drafts."""
+        speculative = self.config.speculative
+        if len(request.output) < request.resume_at:
+            self.gate_events["skipped_paused"] += 1
+            return False
+        if not large:
+            return True
+        full = len(request.verifies) == speculative.acceptance_window
+        drafted = sum(d for d, _ in request.verifies)
+        if full and sum(a for _, a in request.verifies) >= speculative.large_batch_acceptance_rate * drafted:
+            return True
+        self.gate_events["skipped_large_step"] += 1
+        return False
+
+    def _judge(self, request: OracleRequest, drafted: int, accepted: int) -> None:
+        """After a verify chunk of a request that goes on: its window keeps the newest W verifies; judged on a
+        full window or a probe, a rate below min_acceptance_rate pauses it for backoff outputs (doubling, at
+        most the maximum), clears the window and makes the next verify a probe; passing resets backoff."""
+        speculative = self.config.speculative
+        window = speculative.acceptance_window
+        request.verifies = [*request.verifies, (drafted, accepted)][-window:]
+        if not request.probing and len(request.verifies) < window:
+            return
+        if request.probing:
+            self.gate_events["probes"] += 1
+        total_drafted = sum(d for d, _ in request.verifies)
+        total_accepted = sum(a for _, a in request.verifies)
+        if total_accepted >= speculative.min_acceptance_rate * total_drafted:
+            request.probing = False
+            request.backoff = speculative.backoff_outputs
+            return
+        self.gate_events["pauses"] += 1
+        request.resume_at = len(request.output) + request.backoff
+        request.backoff = min(2 * request.backoff, speculative.max_backoff_outputs)
+        request.verifies = []
+        request.probing = True
 
     def _grow_preempting_newest(self, request: OracleRequest, num_tokens: int, preempted: list[str]) -> bool:
         while not self.pool.grow(request.request_id, num_tokens):
@@ -157,6 +220,7 @@ class OracleScheduler:
         self.pool.commit(request.request_id, request.tokens, request.computed)
         self.pool.truncate(request.request_id, request.computed)
         if reason is None:
+            self._judge(request, len(chunk.draft_token_ids), len(tokens) - 1)
             return False
         self.running.remove(request)
         self.pool.free(request.request_id)
@@ -182,6 +246,12 @@ class OracleScheduler:
                     self.finish_reasons[request_id] = FinishReason.ABORT
                     return
         raise KeyError(f"oracle: no active request {request_id!r}")
+
+    def gate_states(self) -> dict[str, tuple[int, int, bool, tuple[tuple[int, int], ...]]]:
+        """Every unfinished request's acceptance gate (speculative decoding only)."""
+        if self.config.speculative is None:
+            return {}
+        return {request.request_id: request.gate_state() for request in (*self.waiting, *self.running)}
 
     @property
     def has_unfinished(self) -> bool:

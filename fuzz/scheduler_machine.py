@@ -15,6 +15,7 @@ and, with the twin check on, to the decisions of the oracle written from spec.sc
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -76,13 +77,25 @@ def engine_configs(draw: st.DrawFn, speculative: bool = False) -> EngineConfig:
 
 @st.composite
 def speculative_configs(draw: st.DrawFn) -> SpeculativeConfig:
-    """Prompt lookup over the fake model's few symbols: drafts that agree with it, and drafts that do not."""
+    """Prompt lookup over the fake model's few symbols: drafts that agree with it, and drafts that do not;
+    acceptance gates small enough that requests of a few outputs pause, probe and meet large steps."""
     ngram_max = draw(st.integers(1, 3), label="ngram_max")
+    backoff = draw(st.integers(1, 3), label="backoff_outputs")
     return SpeculativeConfig(
         "ngram",
         draw(st.integers(1, 4), label="num_speculative_tokens"),
         ngram_min=draw(st.integers(1, ngram_max), label="ngram_min"),
         ngram_max=ngram_max,
+        # Short windows and strict rates: a request of a few outputs verifies a few times at most, and
+        # must be able to pause and probe within them (rate 0, never pausing, is the plain step 2b).
+        acceptance_window=draw(st.integers(1, 2), label="acceptance_window"),
+        min_acceptance_rate=draw(st.sampled_from((1.0, 0.5)), label="min_acceptance_rate"),
+        backoff_outputs=backoff,
+        max_backoff_outputs=backoff + draw(st.integers(0, 4), label="max_backoff_extra"),
+        # Not 1: then every step with a decoding chunk is large, and a request without a full window of
+        # verifies never gets one.
+        large_batch_rows=draw(st.none() | st.integers(2, 3), label="large_batch_rows"),
+        large_batch_acceptance_rate=draw(st.sampled_from((1.0, 0.5, 0.0)), label="large_batch_acceptance_rate"),
     )
 
 
@@ -136,7 +149,8 @@ def request_drafts(draw: st.DrawFn) -> RequestDraft:
     machine: SchedulerMachine = draw(RUNNER)
     block_size = machine.config.block_size
     longest_prompt = min(machine.config.model_len - 1, machine.config.num_blocks * block_size) or 1
-    max_tokens = draw(integers(1, max(4, 2 * block_size)))
+    # The speculative machine's requests run longer: enough verify chunks to pause, back off and probe.
+    max_tokens = draw(integers(1, max(4, 2 * block_size) * (2 if machine.speculative else 1)))
     return RequestDraft(
         prompt=tuple(draw_tokens(draw, machine.stems, longest_prompt)),
         max_tokens=max_tokens,
@@ -368,8 +382,11 @@ class SchedulerMachine(CountedMachine):
         self, plans: list[StepPlan], finished_by_twin: list[list[str]], snapshots: list[SchedulerSnapshot]
     ) -> None:
         assert self.oracle is not None
+        gate_events = Counter(self.oracle.gate_events)
         expected_plan = self.oracle.schedule()
         expected_finished = self.oracle.update(expected_plan, fake_model_step(expected_plan, self.scripts))
+        for event, count in (self.oracle.gate_events - gate_events).items():  # the acceptance gates' coverage
+            stats.bump(self.stats_label, f"gate_{event}", count)
         for twin, plan, finished in zip(self.twins, plans, finished_by_twin, strict=True):
             if plan != expected_plan:
                 raise violated(
@@ -384,15 +401,23 @@ class SchedulerMachine(CountedMachine):
         self._compare_queues_with_oracle(snapshots)
 
     def _compare_queues_with_oracle(self, snapshots: list[SchedulerSnapshot]) -> None:
-        """Each twin's queues (in `snapshots`, its latest) are the oracle's."""
+        """Each twin's queues (in `snapshots`, its latest) are the oracle's, and so are its requests' acceptance
+        gates (speculative decoding: a gate that decided otherwise shows here before it changes a plan)."""
         assert self.oracle is not None
         expected = (tuple(r.request_id for r in self.oracle.waiting), tuple(r.request_id for r in self.oracle.running))
+        expected_gates = self.oracle.gate_states()
         for twin, snapshot in zip(self.twins, snapshots, strict=True):
             if (snapshot.waiting, snapshot.running) != expected:
                 raise violated(
                     TWIN_DECISIONS,
                     f"{twin.implementation.name} queues (waiting, running) are {(snapshot.waiting, snapshot.running)}; "
                     f"the spec's policy has {expected}",
+                )
+            gates = {request_id: state.draft_gate for request_id, state in snapshot.requests.items()}
+            if expected_gates and gates != expected_gates:
+                raise violated(
+                    TWIN_DECISIONS,
+                    f"{twin.implementation.name} acceptance gates are {gates}; the spec's policy has {expected_gates}",
                 )
         stats.bump(self.stats_label, "twin_comparisons")
 

@@ -33,6 +33,11 @@ REQUIRED_SPECULATIVE_SITUATIONS = (
     "admissions_with_prefix_hit",
     "finished_stop",
     "implementation_comparisons",
+    # The acceptance gates (spec.speculative.AcceptanceGate): pauses, probes, paused and large-step requests.
+    "gate_pauses",
+    "gate_probes",
+    "gate_skipped_paused",
+    "gate_skipped_large_step",
 )
 
 

@@ -14,7 +14,7 @@ from spec.engine_config import EngineConfig
 from spec.invariants import RequestState, SchedulerSnapshot
 from spec.request import FinishLimits, FinishReason, Request, RequestStatus, finish_reason
 from spec.scheduling import ScheduledChunk, StepPlan, draft_room, max_prefix_hit_blocks
-from spec.speculative import DraftProposer, draft_limit, make_ngram_proposer
+from spec.speculative import AcceptanceGate, DraftProposer, draft_limit, is_large_batch, make_ngram_proposer
 
 
 class Scheduler:
@@ -45,6 +45,7 @@ class Scheduler:
         self._scheduled: dict[str, int] = {}  # request id -> tokens scheduled in the current step
         self._drafted: dict[str, int] = {}  # request id -> draft tokens of its verify chunk in the current step
         self._admission: dict[str, tuple[int, int]] = {}  # request id -> (cached tokens, tokens) at admission
+        self._gates: dict[str, AcceptanceGate] = {}  # request id -> when it proposes (speculative decoding only)
 
     @property
     def has_unfinished(self) -> bool:
@@ -53,6 +54,8 @@ class Scheduler:
     def add(self, request: Request) -> None:
         self._active[request.request_id] = request
         self.waiting.append(request)
+        if self.config.speculative is not None:
+            self._gates[request.request_id] = AcceptanceGate(self.config.speculative)
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -94,10 +97,12 @@ class Scheduler:
         if self.proposer is None or budget <= 0:
             return budget
         by_id = {request.request_id: request for request in self.running}
+        decoding = [index for index, chunk in enumerate(chunks) if chunk.num_tokens == 1 and chunk.samples]
+        large_batch = is_large_batch(self.config.speculative, len(decoding))
         candidates: list[tuple[int, Request, int]] = []  # (chunk index, request, draft limit)
-        for index, chunk in enumerate(chunks):
-            request = by_id[chunk.request_id]
-            if chunk.num_tokens == 1 and chunk.samples:
+        for index in decoding:
+            request = by_id[chunks[index].request_id]
+            if self._gates[request.request_id].may_propose(len(request.output_token_ids), large_batch):
                 limits = FinishLimits.of(
                     request.params, len(request.prompt_token_ids), self.eos_token_ids, self.config.model_len
                 )
@@ -181,7 +186,7 @@ class Scheduler:
         for chunk in plan.chunks:
             request = by_id[chunk.request_id]
             if chunk.draft_token_ids:
-                if self._update_verified(request, sampled[request.request_id]):
+                if self._update_verified(request, len(chunk.draft_token_ids), sampled[request.request_id]):
                     finished.append(request)
                 continue
             old_computed = request.num_computed_tokens
@@ -199,8 +204,9 @@ class Scheduler:
         self._drafted = {}
         return finished
 
-    def _update_verified(self, request: Request, tokens: int | Sequence[int]) -> bool:
-        """Apply a verify chunk's tokens (spec.speculative.accepted_tokens); whether the request finished."""
+    def _update_verified(self, request: Request, num_drafted: int, tokens: int | Sequence[int]) -> bool:
+        """Apply a verify chunk's tokens (spec.speculative.accepted_tokens) and record its acceptance; whether
+        the request finished."""
         tokens = (tokens,) if isinstance(tokens, int) else tuple(tokens)
         reason = None
         for token in tokens:
@@ -217,6 +223,7 @@ class Scheduler:
         if reason is not None:
             self._finish(request, reason)
             return True
+        self._gates[request.request_id].record(num_drafted, len(tokens) - 1, len(request.output_token_ids))
         return False
 
     def _finish(self, request: Request, reason: FinishReason) -> None:
@@ -227,6 +234,7 @@ class Scheduler:
             self.waiting.remove(request)
         self._admission.pop(request.request_id, None)
         self._active.pop(request.request_id, None)
+        self._gates.pop(request.request_id, None)
         request.finish(reason)
 
     def abort(self, request: Request) -> None:
@@ -246,6 +254,7 @@ class Scheduler:
                 cached_tokens_at_admission=cached,
                 tokens_at_admission=tokens,
                 num_draft_tokens=self._drafted.get(request.request_id, 0),
+                draft_gate=gate.state() if (gate := self._gates.get(request.request_id)) else None,
             )
         return SchedulerSnapshot(
             config=self.config,

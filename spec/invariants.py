@@ -81,6 +81,9 @@ class RequestState:
     tokens_at_admission: int  # len(token_ids) at the last admission
     # Of num_scheduled_tokens: draft tokens of a verify chunk (speculative decoding), not in token_ids.
     num_draft_tokens: int = 0
+    # Speculative decoding: its acceptance gate (spec.speculative.AcceptanceGate.state), so that two
+    # schedulers' snapshots differ where their gates do. None without speculation.
+    draft_gate: tuple | None = None
 
 
 @dataclass(frozen=True)

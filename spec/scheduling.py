@@ -14,8 +14,11 @@ Policy, one step (two implementations that follow it make identical decisions):
    request itself was the one preempted (then the running pass ends).
    budget -= n for each request given tokens.
 2b. Speculative decoding only (EngineConfig.speculative, spec.speculative), only if nothing
-   was preempted in this step: every chunk of step 2 that is a single token and samples (a
-   decoding request) asks the proposer, all in one call, for a draft of at most
+   was preempted in this step: the chunks of step 2 that are a single token and sample are
+   the step's decoding chunks; the step is large when there are at least large_batch_rows of
+   them (spec.speculative.is_large_batch). Every decoding chunk whose request's acceptance
+   gate lets it (spec.speculative.AcceptanceGate.may_propose: not paused and, in a large step,
+   a proven high acceptance) asks the proposer, all in one call, for a draft of at most
    draft_limit(K, outputs, max_outputs) = min(K, max_outputs - outputs - 1) tokens (so the
    step can never take the request past max_tokens or max_model_len). In running order, each
    draft is cut to min(budget, `draft_room`) tokens: draft_room is what the request's table and
@@ -55,7 +58,10 @@ computed count grows by the number of tokens appended (the last token and the ac
 tokens; the newest token stays uncomputed, as after a plain step), only those are registered
 in the prefix cache, and the blocks past the computed tokens are freed (rolled back) to the
 head of the free queue, first block first: they hold no registered token, so reusing them
-first evicts nothing from the prefix cache.
+first evicts nothing from the prefix cache. A request that did not finish records the chunk in
+its acceptance gate (AcceptanceGate.record: len(draft) drafted, tokens appended - 1 accepted,
+its output count after them), which may pause it. Each request's gate is made when it is added
+and dropped when it finishes or is aborted; preemption keeps it.
 
 A request is rejected when added (InvalidRequestError, nothing else changes) when its prompt is
 empty, holds ids outside the vocabulary, is not shorter than max_model_len, or when the tokens

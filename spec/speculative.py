@@ -22,6 +22,12 @@ The K/V of the draft positions was written to the request's blocks during the ve
 the positions whose tokens were kept count as computed, blocks past them are freed (roll back),
 and the prefix cache only ever registers blocks of kept tokens (spec.scheduling has the policy).
 
+When to propose is the scheduler's choice (spec.scheduling step 2b): since no draft can change an
+output, any rule of when to ask for one keeps outputs identical. The rule (`AcceptanceGate`) turns
+speculation off where it does not pay: per request, by the acceptance of its recent verify chunks
+(paused with exponential back-off, then probed again), and per step, in a large batch, where a verify
+chunk's extra tokens cost real compute (only requests with a proven high acceptance propose there).
+
 Proposers (`DraftProposer`): "ngram" (prompt lookup, `propose_ngram`: the request's own tokens,
 no second model) and "draft-model" (a smaller checkpoint that shares the tokenizer, run greedily
 by an engine of the same kind; each engine builds it).
@@ -30,8 +36,9 @@ by an engine of the same kind; each engine builds it).
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from spec.errors import ConfigError
@@ -51,6 +58,16 @@ class SpeculativeConfig:
     ngram_min, ngram_max: the n-gram lengths prompt lookup tries, longest first.
     draft_model: the draft checkpoint (a directory or hub id) for "draft-model"; it must share the
         target's vocabulary.
+
+    When speculation is turned off (`AcceptanceGate`; none of these can change an output):
+    acceptance_window: W, the newest verify chunks of a request whose acceptance decides (>= 1).
+    min_acceptance_rate: a request whose last W verify chunks accepted fewer than this fraction of their
+        draft tokens pauses (in [0, 1]; 0: never pauses).
+    backoff_outputs: a pause lasts this many of the request's output tokens; each pause that follows a
+        failed probe doubles it, up to max_backoff_outputs; a passing decision resets it (>= 1).
+    large_batch_rows: a step with at least this many decoding chunks is large: only requests whose last W
+        verify chunks accepted at least large_batch_acceptance_rate of their draft tokens propose in it
+        (None: no step is large).
     """
 
     method: str
@@ -58,16 +75,33 @@ class SpeculativeConfig:
     ngram_min: int = 1
     ngram_max: int = 3
     draft_model: str | None = None
+    acceptance_window: int = 4
+    min_acceptance_rate: float = 0.25
+    backoff_outputs: int = 16
+    max_backoff_outputs: int = 256
+    large_batch_rows: int | None = 32
+    large_batch_acceptance_rate: float = 0.5
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"speculative method must be one of {', '.join(METHODS)}; got {self.method!r}")
-        for name in ("num_speculative_tokens", "ngram_min", "ngram_max"):
+        positive = ["num_speculative_tokens", "ngram_min", "ngram_max", "acceptance_window", "backoff_outputs"]
+        positive += ["max_backoff_outputs"] + ([] if self.large_batch_rows is None else ["large_batch_rows"])
+        for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"speculative setting {name!r} must be a positive integer, got {value!r}")
+        for name in ("min_acceptance_rate", "large_batch_acceptance_rate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                raise ConfigError(f"speculative setting {name!r} must be a fraction in [0, 1], got {value!r}")
         if self.ngram_min > self.ngram_max:
             raise ConfigError(f"speculative ngram_min {self.ngram_min} exceeds ngram_max {self.ngram_max}")
+        if self.backoff_outputs > self.max_backoff_outputs:
+            raise ConfigError(
+                f"speculative backoff_outputs {self.backoff_outputs} exceeds max_backoff_outputs "
+                f"{self.max_backoff_outputs}"
+            )
         if self.method == DRAFT_MODEL and not self.draft_model:
             raise ConfigError("speculative method 'draft-model' needs draft_model (a checkpoint sharing the tokenizer)")
         if self.method == NGRAM and self.draft_model is not None:
@@ -144,6 +178,76 @@ def accepted_tokens(
         if token in stop_token_ids:
             return tokens[: index + 1]
     return tokens
+
+
+def is_large_batch(config: SpeculativeConfig, num_decoding_chunks: int) -> bool:
+    """Whether a step with this many decoding chunks (single-token sampling chunks) is large: there a verify
+    chunk's extra tokens cost compute the step would not otherwise spend."""
+    return config.large_batch_rows is not None and num_decoding_chunks >= config.large_batch_rows
+
+
+@dataclass(slots=True)
+class AcceptanceGate:
+    """Whether a request asks for drafts (spec.scheduling step 2b), from its own recent verify chunks.
+
+    Kept by the scheduler per request from the counts it applies anyway (draft length, tokens appended),
+    from the request's addition to its finish (a preemption keeps it: the outputs stay). Deterministic:
+    two schedulers that apply the same steps make the same choices.
+
+    * window: (drafted, accepted) of the request's newest verify chunks since it last paused, at most W.
+    * After a verify chunk the request is judged when its window holds W chunks, or on the one chunk
+      of a probe (the first verify after a pause): it fails when accepted < min_acceptance_rate * drafted
+      over the window. Failing pauses it for `backoff` output tokens (resume_at), clears the window, makes
+      its next verify a probe and doubles backoff (at most max_backoff_outputs); passing resets backoff.
+    * It may propose when it has at least resume_at outputs and, in a large step, its window holds W
+      chunks that accepted at least large_batch_acceptance_rate * drafted (so a request with no such
+      record, a probe included, waits for a smaller step).
+    """
+
+    config: SpeculativeConfig
+    window: deque[tuple[int, int]] = field(init=False)
+    resume_at: int = 0
+    backoff: int = field(init=False)
+    probing: bool = False
+
+    def __post_init__(self) -> None:
+        self.window = deque(maxlen=self.config.acceptance_window)
+        self.backoff = self.config.backoff_outputs
+
+    def may_propose(self, num_outputs: int, large_batch: bool) -> bool:
+        if num_outputs < self.resume_at:
+            return False
+        return not large_batch or self._window_rate_at_least(self.config.large_batch_acceptance_rate)
+
+    def record(self, num_drafted: int, num_accepted: int, num_outputs: int) -> bool:
+        """A verify chunk of num_drafted draft tokens accepted num_accepted; num_outputs: the request's output
+        tokens after it. Whether the request paused."""
+        self.window.append((num_drafted, num_accepted))
+        if not (self.probing or len(self.window) == self.config.acceptance_window):
+            return False
+        drafted, accepted = _window_totals(self.window)
+        self.probing = accepted < self.config.min_acceptance_rate * drafted
+        if not self.probing:
+            self.backoff = self.config.backoff_outputs
+            return False
+        self.resume_at = num_outputs + self.backoff
+        self.backoff = min(2 * self.backoff, self.config.max_backoff_outputs)
+        self.window.clear()
+        return True
+
+    def state(self) -> tuple[int, int, bool, tuple[tuple[int, int], ...]]:
+        """(resume_at, backoff, probing, window): all that decides its future choices."""
+        return self.resume_at, self.backoff, self.probing, tuple(self.window)
+
+    def _window_rate_at_least(self, rate: float) -> bool:
+        if len(self.window) < self.config.acceptance_window:  # no full record: nothing proven
+            return False
+        drafted, accepted = _window_totals(self.window)
+        return accepted >= rate * drafted
+
+
+def _window_totals(window: deque[tuple[int, int]]) -> tuple[int, int]:
+    return sum(drafted for drafted, _ in window), sum(accepted for _, accepted in window)
 
 
 class GreedyGenerator(Protocol):

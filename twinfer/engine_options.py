@@ -5,7 +5,7 @@ by `twinfer generate`, `twinfer bench` and the server without touching this modu
 defaults to None, meaning "EngineConfig's own default", so only the settings a user gave are
 passed on. The one nested setting, `speculative` (spec.speculative.SpeculativeConfig), has options
 of its own: `--speculative-method`, `--num-speculative-tokens`, `--speculative-draft-model` and
-`--speculative-ngram-min/-max`.
+`--speculative-ngram-min/-max` and `--speculative-min-acceptance-rate`.
 """
 
 from __future__ import annotations
@@ -75,6 +75,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         speculative.add_argument(
             f"--speculative-ngram-{end}", type=int, default=None, help=f"prompt lookup's {end}imum n-gram length"
         )
+    speculative.add_argument(
+        "--speculative-min-acceptance-rate",
+        type=float,
+        default=None,
+        help="a request whose recent drafts were accepted below this rate stops proposing for a while, then "
+        "probes again (default: 0.25; 0: never stops)",
+    )
 
 
 _SPECULATIVE_ARGUMENTS = {
@@ -82,6 +89,7 @@ _SPECULATIVE_ARGUMENTS = {
     "speculative_draft_model": "draft_model",
     "speculative_ngram_min": "ngram_min",
     "speculative_ngram_max": "ngram_max",
+    "speculative_min_acceptance_rate": "min_acceptance_rate",
 }
 
 

@@ -3,11 +3,20 @@ verify chunks an engine's scheduler applies."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from spec.request import RequestOutput
 from spec.scheduling import StepPlan
+
+
+def periodically_wrong(request: int, index: int) -> bool:
+    """PlantedDrafts' default: output index i of every request is wrong when i % 7 in (2, 3)."""
+    return index % 7 in (2, 3)
+
+
+def always_right(request: int, index: int) -> bool:
+    return False
 
 
 @dataclass
@@ -15,28 +24,36 @@ class PlantedDrafts:
     """Proposes what a plain run produced next, with the tokens at some output indices made wrong.
 
     So a test gets drafts accepted whole, cut after a few agreeing tokens and rejected at once, on a
-    random model whose outputs prompt lookup would rarely guess. Output index i is wrong when
-    i % 7 in (2, 3); beyond the plain output (a request that stopped), every guess is wrong.
+    random model whose outputs prompt lookup would rarely guess. wrong(request, i): whether output
+    index i of the request (its index in `plain`) is guessed wrong; beyond the plain output (a request
+    that stopped), every guess is wrong. `asked` records (request, its output count) per draft asked for.
     """
 
     plain: Sequence[RequestOutput]
     vocab_size: int
+    wrong: Callable[[int, int], bool] = periodically_wrong
     calls: int = 0
+    asked: list[tuple[int, int]] = field(default_factory=list)
 
     def propose(self, token_ids: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> list[tuple[int, ...]]:
         self.calls += 1
         return [self._draft(list(tokens), limit) for tokens, limit in zip(token_ids, max_tokens, strict=True)]
 
+    def asked_at(self, request: int) -> list[int]:
+        """The output counts at which a draft was asked for `request`, in order."""
+        return [done for asked, done in self.asked if asked == request]
+
     def _draft(self, tokens: list[int], limit: int) -> tuple[int, ...]:
-        output = max(
-            (o for o in self.plain if tokens[: len(o.prompt_token_ids)] == list(o.prompt_token_ids)),
-            key=lambda o: len(o.prompt_token_ids),
+        request, output = max(
+            ((i, o) for i, o in enumerate(self.plain) if tokens[: len(o.prompt_token_ids)] == list(o.prompt_token_ids)),
+            key=lambda pair: len(pair[1].prompt_token_ids),
         )
         done = len(tokens) - len(output.prompt_token_ids)
+        self.asked.append((request, done))
         draft = []
         for index in range(done, done + limit):
             truth = output.token_ids[index] if index < len(output.token_ids) else 0
-            wrong = index % 7 in (2, 3) or index >= len(output.token_ids)
+            wrong = self.wrong(request, index) or index >= len(output.token_ids)
             draft.append((truth + 1) % self.vocab_size if wrong else truth)
         return tuple(draft)
 

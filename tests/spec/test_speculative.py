@@ -235,6 +235,23 @@ def test_draft_model_changes_no_output(tiny_weights, draft_checkpoints, draft: s
         assert log.accepted_whole
 
 
+@pytest.mark.differential
+def test_fast_engine_draft_model_changes_no_output(tiny_weights, draft_checkpoints) -> None:
+    """The fast engine's draft-model path (a second fast engine over the draft checkpoint), through the
+    interpreter, kept to a few steps: the test model drafting for itself, so the greedy request's draft of
+    2 is accepted whole (1 output after the prompt, then 1 + 2 + 1), then a plain last step. In
+    batch-invariant mode: bitwise."""
+    prompt_ids = [prompt_maker(7)(6)]
+    params = [SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=2)]
+    plain = make_engine("fast", tiny_weights, batch_invariant=True).generate(prompt_ids, params)
+    speculative_config = SpeculativeConfig("draft-model", 2, draft_model=str(draft_checkpoints["itself"]))
+    engine = make_engine("fast", tiny_weights, speculative_config, batch_invariant=True)
+    assert type(engine.scheduler.proposer.engine) is type(engine), "the draft runs in an engine of the target's kind"
+    log = spy_verifies(engine)
+    assert_same_outputs(engine.generate(prompt_ids, params), plain, tolerance=0.0)
+    assert log.verifies == [(2, 3)], log.verifies
+
+
 def test_a_draft_model_of_another_vocabulary_is_refused(tiny_weights, draft_checkpoints) -> None:
     path = str(draft_checkpoints["other-vocabulary"])
     with pytest.raises(ConfigError, match="must share the target's tokenizer"):

@@ -30,6 +30,10 @@ def test_flags_build_the_speculative_config() -> None:
         "--speculative-ngram-max", "5",
     )  # fmt: skip
     assert lookup.speculative == SpeculativeConfig("ngram", 4, ngram_min=2, ngram_max=5)
+    always = config_of(
+        "--speculative-method", "ngram", "--num-speculative-tokens", "2", "--speculative-min-acceptance-rate", "0"
+    )
+    assert always.speculative == SpeculativeConfig("ngram", 2, min_acceptance_rate=0.0)
 
 
 @pytest.mark.parametrize(
@@ -38,6 +42,11 @@ def test_flags_build_the_speculative_config() -> None:
         (["--num-speculative-tokens", "3"], "--num-speculative-tokens need --speculative-method"),
         (["--speculative-method", "ngram"], "needs --num-speculative-tokens K"),
         (["--speculative-method", "ngram", "--num-speculative-tokens", "0"], "must be a positive integer, got 0"),
+        (
+            ["--speculative-method", "ngram", "--num-speculative-tokens", "2"]
+            + ["--speculative-min-acceptance-rate", "2"],
+            "must be a fraction in [0, 1], got 2.0",
+        ),
     ],
 )
 def test_bad_speculative_flags_are_named(
