@@ -28,6 +28,7 @@ from fast.kernels._checks import (
     check_tensor,
 )
 from fast.kernels.pdl import wait_then_release
+from fast.kernels.rows_per_program import rows_per_program as resolve_rows_per_program
 
 # A row of up to this many elements is held in registers by one program.
 MAX_HIDDEN = 65536
@@ -44,16 +45,23 @@ def _add_rmsnorm_kernel(
     residual_row_stride,
     out_row_stride,
     residual_out_row_stride,
+    num_rows,
     hidden,
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_HIDDEN: tl.constexpr,
+    ROWS_PER_PROGRAM: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_HIDDEN)  # hidden=4096 -> BLOCK_HIDDEN=4096; hidden=3000 -> 4096, masked
-    mask = cols < hidden
+    if ROWS_PER_PROGRAM == 1:  # a GPU's choice: one row, a [BLOCK_HIDDEN] tile
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK_HIDDEN)  # hidden=4096 -> BLOCK_HIDDEN=4096; hidden=3000 -> 4096, masked
+        mask = cols < hidden
+    else:  # the interpreter's: rows pid * ROWS_PER_PROGRAM + r, a [ROWS_PER_PROGRAM, BLOCK_HIDDEN] tile
+        row = (tl.program_id(0).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM))[:, None]
+        cols = tl.arange(0, BLOCK_HIDDEN)[None, :]
+        mask = (row < num_rows) & (cols < hidden)
 
     values = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     add_then_normalise(
@@ -64,7 +72,7 @@ def _add_rmsnorm_kernel(
 
 @triton.jit
 def add_then_normalise(
-    values,  # fp32 [BLOCK_HIDDEN]: row `row` of x (masked columns 0)
+    values,  # fp32 [BLOCK_HIDDEN]: row `row` of x (masked columns 0); or [ROWS, BLOCK_HIDDEN] for rows [ROWS, 1]
     row,
     cols,
     mask,
@@ -88,8 +96,9 @@ def add_then_normalise(
         # Normalise the rounded sum: it is the residual the next layer will see.
         values = summed.to(tl.float32)
 
-    # Masked columns were loaded as 0 so they add nothing to the sum of squares.
-    mean_square = tl.sum(values * values, axis=0) / hidden
+    # Masked columns were loaded as 0 so they add nothing to the sum of squares. Each row is reduced over
+    # its last axis alone, whatever the rows of the tile ([1] or [ROWS, 1] kept for broadcasting).
+    mean_square = tl.sum(values * values, axis=-1, keep_dims=True) / hidden
     inverse_rms = 1.0 / tl.sqrt(mean_square + eps)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     out = values * inverse_rms * weight
@@ -110,12 +119,15 @@ def add_rmsnorm(
     out: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
     pdl: bool = False,
+    rows_per_program: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Return (rmsnorm(x + residual) * weight, x + residual); with residual=None, (rmsnorm(x) * weight, None).
 
     Out-of-place by default. `out` and `residual_out` may be given to write into existing
-    buffers; they may alias x / residual (each program reads its whole row before writing it),
-    so `add_rmsnorm(x, r, w, eps, out=x, residual_out=r)` runs fully in place.
+    buffers; they may alias x / residual (each program reads its whole rows before writing them),
+    so `add_rmsnorm(x, r, w, eps, out=x, residual_out=r)` runs fully in place. rows_per_program (a
+    power of two; a row's result is the same bits for any) defaults to 1 on a GPU, more on the CPU
+    (fast/kernels/rows_per_program.py).
     """
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("weight", weight, ndim=1, dtypes=FLOAT_DTYPES)
@@ -152,6 +164,7 @@ def add_rmsnorm(
     check_same_dtype("x", x, out=out)
     check_last_dim_contiguous("out", out)
     check_same_device("x", x, out=out)
+    rows_per_program = resolve_rows_per_program("rows_per_program", rows_per_program, x)
     if num_tokens == 0:
         return out, residual_out
 
@@ -160,7 +173,7 @@ def add_rmsnorm(
     # valid pointer of the right type.
     residual_arg = residual if residual is not None else x
     residual_out_arg = residual_out if residual_out is not None else out
-    _add_rmsnorm_kernel[(num_tokens,)](
+    _add_rmsnorm_kernel[(triton.cdiv(num_tokens, rows_per_program),)](
         x,
         residual_arg,
         weight,
@@ -170,10 +183,12 @@ def add_rmsnorm(
         residual_arg.stride(0),
         out.stride(0),
         residual_out_arg.stride(0),
+        num_tokens,
         hidden,
         eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK_HIDDEN=block_hidden,
+        ROWS_PER_PROGRAM=rows_per_program,
         USE_PDL=pdl,
         launch_pdl=pdl,
         num_warps=_num_warps_for(block_hidden),
@@ -182,8 +197,14 @@ def add_rmsnorm(
 
 
 def rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None, pdl: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
+    pdl: bool = False,
+    rows_per_program: int | None = None,
 ) -> torch.Tensor:
     """Plain RMSNorm (no residual): rmsnorm(x) * weight."""
-    normed, _ = add_rmsnorm(x, None, weight, eps, out=out, pdl=pdl)
+    normed, _ = add_rmsnorm(x, None, weight, eps, out=out, pdl=pdl, rows_per_program=rows_per_program)
     return normed

@@ -35,10 +35,7 @@ from fast.kernels._checks import (
 )
 from fast.kernels.kv_store import check_store_kv_args
 from fast.kernels.pdl import wait_then_release
-
-# Tokens a program rotates on the CPU (Triton's interpreter): a prefill chunk of 64 tokens in 4 programs a
-# head block instead of 64. (On a GPU one token a program: a step's tokens spread over the SMs.)
-INTERPRETER_TOKENS_PER_PROGRAM = 16
+from fast.kernels.rows_per_program import rows_per_program
 
 
 @triton.jit
@@ -249,9 +246,7 @@ def qk_norm_rope_(
     With q_weight and k_weight both None the norm is skipped (RoPE only: Llama and Qwen2,
     see `rope_`). heads_per_program, tokens_per_program (powers of two) and num_warps are tuning
     knobs; the defaults were measured best on an H200 (see fast/kernels/NOTES.md). tokens_per_program
-    defaults to 1 on a GPU and to INTERPRETER_TOKENS_PER_PROGRAM on the CPU, where Triton's interpreter
-    runs each program's operations in Python one after another: a program's cost goes by how many
-    operations it runs, hardly by how many elements each has.
+    defaults to 1 on a GPU and to more on the CPU (fast/kernels/rows_per_program.py).
 
     Positions are not range-checked against cos_sin_cache (that would need a device sync):
     the caller guarantees 0 <= position < max_positions.
@@ -320,11 +315,9 @@ def _norm_rope(
         raise ValueError(f"head_dim must be a power of two >= 2, got {head_dim}")
     if not isinstance(eps, float) or eps <= 0:
         raise ValueError(f"eps must be a positive float, got {eps!r}")
-    for name, value in (("heads_per_program", heads_per_program), ("tokens_per_program", tokens_per_program)):
-        if value is not None and (value < 1 or value & (value - 1)):
-            raise ValueError(f"{name} must be a power of two, got {value}")
-    if tokens_per_program is None:
-        tokens_per_program = 1 if q.is_cuda else INTERPRETER_TOKENS_PER_PROGRAM
+    if heads_per_program < 1 or heads_per_program & (heads_per_program - 1):
+        raise ValueError(f"heads_per_program must be a power of two, got {heads_per_program}")
+    tokens_per_program = rows_per_program("tokens_per_program", tokens_per_program, q)
     if cache is not None:
         check_store_kv_args(k, *cache)
     num_q_heads, num_kv_heads = q.shape[1], k.shape[1]

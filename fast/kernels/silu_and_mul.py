@@ -11,14 +11,18 @@ import torch
 import triton
 import triton.language as tl
 
-from fast.kernels._checks import FLOAT_DTYPES, check_last_dim_contiguous, check_same_device, check_shape, check_tensor
+from fast.kernels._checks import (
+    FLOAT_DTYPES,
+    check_last_dim_contiguous,
+    check_same_device,
+    check_shape,
+    check_tensor,
+)
 from fast.kernels.pdl import wait_then_release
+from fast.kernels.rows_per_program import rows_per_program as resolve_rows_per_program
 
 # Elements of one row handled by one program (a 2-D grid covers wide rows).
 _BLOCK_COLS = 1024
-# Rows a program takes: one on a GPU; on the CPU, where Triton's interpreter runs each program's operations in
-# Python one after another (its cost goes by operations, hardly by elements), a 64-token chunk in 4 programs.
-_INTERPRETER_ROWS_PER_PROGRAM = 16
 
 
 @triton.jit
@@ -50,7 +54,8 @@ def silu_and_mul(
     x: torch.Tensor, *, out: torch.Tensor | None = None, pdl: bool = False, rows_per_program: int | None = None
 ) -> torch.Tensor:
     """Return silu(x[:, :I]) * x[:, I:] as a new [num_tokens, I] tensor (or into `out`). rows_per_program (a
-    power of two; elementwise, so the result is the same for any) defaults to 1 on a GPU, more on the CPU."""
+    power of two; elementwise, so the result is the same for any) defaults to 1 on a GPU, more on the CPU
+    (fast/kernels/rows_per_program.py)."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     num_tokens, width = x.shape
     if width % 2:
@@ -63,10 +68,7 @@ def silu_and_mul(
     check_shape("out", out, (num_tokens, intermediate))
     check_last_dim_contiguous("out", out)
     check_same_device("x", x, out=out)
-    if rows_per_program is None:
-        rows_per_program = 1 if x.is_cuda else _INTERPRETER_ROWS_PER_PROGRAM
-    if rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
-        raise ValueError(f"rows_per_program must be a power of two, got {rows_per_program}")
+    rows_per_program = resolve_rows_per_program("rows_per_program", rows_per_program, x)
     if num_tokens == 0 or intermediate == 0:
         return out
     block_cols = min(_BLOCK_COLS, triton.next_power_of_2(intermediate))

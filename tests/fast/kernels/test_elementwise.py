@@ -24,15 +24,29 @@ def _random(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generat
 # ----------------------------------------------------------------------------- add + RMSNorm
 
 
-def _check_add_rmsnorm(num_tokens: int, hidden: int, with_residual: bool, dtype: torch.dtype, seed: int) -> None:
+def _check_add_rmsnorm(
+    num_tokens: int,
+    hidden: int,
+    with_residual: bool,
+    dtype: torch.dtype,
+    seed: int,
+    rows_per_program: int | None = None,
+) -> None:
+    """Close to the reference, and a row's bits the same whatever the rows per program (the GPU's one-row
+    path and the interpreter's multi-row one)."""
     generator = seeded_generator(seed)
     x = _random((num_tokens, hidden), dtype, generator)
     residual = _random((num_tokens, hidden), dtype, generator, scale=4.0) if with_residual else None
     weight = _random((hidden,), dtype, generator)
     out = poisoned_like(x)
     residual_out = poisoned_like(residual) if with_residual else None
-    result, new_residual = add_rmsnorm(x, residual, weight, 1e-6, out=out, residual_out=residual_out)
+    result, new_residual = add_rmsnorm(
+        x, residual, weight, 1e-6, out=out, residual_out=residual_out, rows_per_program=rows_per_program
+    )
     expected, expected_residual = reference_add_rmsnorm(x, residual, weight, 1e-6)
+    one_row = add_rmsnorm(x, residual, weight, 1e-6, rows_per_program=1)
+    assert torch.equal(one_row[0], out)
+    assert (one_row[1] is None) == (not with_residual) and (not with_residual or torch.equal(one_row[1], new_residual))
     assert result is out
     assert_close_scaled(out, expected, dtype, "add_rmsnorm out")
     if with_residual:
@@ -54,20 +68,22 @@ def _check_add_rmsnorm(num_tokens: int, hidden: int, with_residual: bool, dtype:
     num_tokens=st.integers(1, 9),
     hidden=st.sampled_from([64, 96, 256, 1000]),
     with_residual=st.booleans(),
+    rows_per_program=st.sampled_from([None, 1, 2, 16]),
     seed=st.integers(0, 2**31 - 1),
 )
 def test_add_rmsnorm_matches_reference(
-    dtype: torch.dtype, num_tokens: int, hidden: int, with_residual: bool, seed: int
+    dtype: torch.dtype, num_tokens: int, hidden: int, with_residual: bool, rows_per_program: int | None, seed: int
 ) -> None:
-    _check_add_rmsnorm(num_tokens, hidden, with_residual, dtype, seed)
+    _check_add_rmsnorm(num_tokens, hidden, with_residual, dtype, seed, rows_per_program)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("hidden", [1024, 4096, 5120])
-def test_add_rmsnorm_large_gpu(dtype: torch.dtype, hidden: int) -> None:
-    _check_add_rmsnorm(4097, hidden, True, dtype, 0)
-    _check_add_rmsnorm(33, hidden, False, dtype, 1)
+@pytest.mark.parametrize("rows_per_program", [1, 4])
+def test_add_rmsnorm_large_gpu(dtype: torch.dtype, hidden: int, rows_per_program: int) -> None:
+    _check_add_rmsnorm(4097, hidden, True, dtype, 0, rows_per_program)
+    _check_add_rmsnorm(33, hidden, False, dtype, 1, rows_per_program)
 
 
 def test_add_rmsnorm_in_place() -> None:
@@ -287,11 +303,11 @@ def test_silu_and_mul_rejects_bad_arguments(
 
 def test_programs_per_row_knobs_must_be_powers_of_two() -> None:
     x = torch.zeros(3, 8, device=DEVICE)
-    with pytest.raises(ValueError, match="rows_per_program must be a power of two, got 3"):
+    with pytest.raises(ValueError, match=r"rows_per_program must be a power of two in \[1, 1024\], got 3"):
         silu_and_mul(x, rows_per_program=3)
     q, k, cache = torch.zeros(3, 2, 16, device=DEVICE), torch.zeros(3, 1, 16, device=DEVICE), build_cos_sin_cache(8, 16)
     positions = torch.zeros(3, dtype=torch.int64, device=DEVICE)
-    with pytest.raises(ValueError, match="tokens_per_program must be a power of two, got 0"):
+    with pytest.raises(ValueError, match=r"tokens_per_program must be a power of two in \[1, 1024\], got 0"):
         qk_norm_rope_(q, k, None, None, cache, positions, 1e-6, tokens_per_program=0)
 
 
