@@ -71,7 +71,8 @@ class StepTimings:
     forward_s: float = 0.0
     # Of schedule_s: the time spent applying a step's lengths and scheduling the next one while the
     # device ran the step (EngineConfig.async_scheduling), i.e. not between two device steps; and
-    # the number of steps that did so.
+    # the number of steps that did so (a step whose next one may propose drafts applies its lengths
+    # ahead but schedules after its tokens are read: not counted).
     ahead_s: float = 0.0
     ahead_steps: int = 0
     prepared_ahead_steps: int = 0  # steps launched from inputs loaded while the previous step ran
@@ -225,6 +226,12 @@ class FastEngine(ScheduledEngine):
         then runs one step after the other with no wait for the host between them. The plans are those
         of the step-by-step engine (the same update, then the same schedule), except that a request
         added while a step is launched ahead joins the step after it. Otherwise the step runs step by step.
+
+        With speculative decoding a step goes ahead only when it has no verify chunk (`_verifies`), and
+        the next one is planned ahead only when no request can propose in it
+        (fast.scheduler.Scheduler.may_propose_next, from counts alone): a proposer reads token values.
+        Where one can, this step's update still runs ahead with pending tokens, and the next step()
+        schedules once the tokens are read, as step by step.
         """
         plan, self._next_plan = self._next_plan, None
         if plan is None:
@@ -234,23 +241,34 @@ class FastEngine(ScheduledEngine):
             self._in_flight = None
             return []
         sampling_ids = [chunk.request_id for chunk in plan.chunks if chunk.samples]
-        if self._in_flight is None and not self.scheduler.finishes_by_length_only(sampling_ids):
+        if self._in_flight is None and (
+            not self.scheduler.finishes_by_length_only(sampling_ids) or self._verifies(plan)
+        ):
             return self._run_plan(plan)
         finished: list[Request] = []
 
         def schedule_next(step: _LaunchedStep) -> None:
             finished.extend(self.scheduler.update(plan, dict.fromkeys(sampling_ids, PENDING_TOKEN)))
-            if self.scheduler.has_unfinished:  # as step by step: nothing is scheduled once all are done
+            if not self.scheduler.has_unfinished:  # as step by step: nothing is scheduled once all are done
+                self.step_timings.ahead_steps += 1
+            elif not self.scheduler.may_propose_next():
                 self._next_plan = self.scheduler.schedule()
                 self._prepared = self._prepare_ahead(self._next_plan, step)
                 self._launch_next_ahead(step)
-            self.step_timings.ahead_steps += 1
+                self.step_timings.ahead_steps += 1
+            # Else a request may propose: its draft needs this step's tokens, so the next step() schedules
+            # once they are read (the update made here with pending tokens is the one made step by step).
 
         sampled = self.execute(plan, meanwhile=schedule_next)
         requests = self._requests
         for request_id, token in sampled.items():
             requests[request_id].resolve_pending_token(token.token_id)
         return self._conclude(sampled, finished)
+
+    def _verifies(self, plan: StepPlan) -> bool:
+        """Whether the plan has a verify chunk: its accepted count, hence every count after it, is known only
+        once its tokens are read, so the next step cannot be planned ahead of them."""
+        return self.config.speculative is not None and any(chunk.draft_token_ids for chunk in plan.chunks)
 
     def _prepare_ahead(self, plan: StepPlan, step: _LaunchedStep) -> _PreparedAhead | None:
         """Load `plan`'s inputs and sampler rows now, while the device runs `step`: a token that step

@@ -189,18 +189,15 @@ class Scheduler:
         budget and the free blocks allow; the budget left."""
         if budget <= 0:
             return budget
-        running, admitted, gates = self._running, self._admitted, self._gates
-        k = self.config.speculative.num_speculative_tokens
+        running, admitted = self._running, self._admitted
         decoding = [index for index, chunk in enumerate(chunks) if chunk.num_tokens == 1 and chunk.samples]
         large_batch = is_large_batch(self.config.speculative, len(decoding))
         candidates: list[tuple[int, Request, int]] = []  # (chunk index, request, draft limit)
         for index in decoding:
-            chunk = chunks[index]
-            request = running[chunk.request_id]
-            if gates[chunk.request_id].may_propose(len(request.output_token_ids), large_batch):
-                limit = draft_limit(k, len(request.output_token_ids), admitted[chunk.request_id].limits.max_outputs)
-                if limit > 0:
-                    candidates.append((index, request, limit))
+            request = running[chunks[index].request_id]
+            limit = self._draft_limit(request, large_batch)
+            if limit > 0:
+                candidates.append((index, request, limit))
         if not candidates:
             return budget
         drafts = self.proposer.propose(
@@ -222,7 +219,43 @@ class Scheduler:
             budget -= len(draft)
         return budget
 
+    def _draft_limit(self, request: Request, large_batch: bool) -> int:
+        """The most draft tokens a decoding running request asks for in this step (0: none), from counts
+        alone: its gate's state and its output count (so `may_propose_next` can tell ahead)."""
+        num_outputs = len(request.output_token_ids)
+        if not self._gates[request.request_id].may_propose(num_outputs, large_batch):
+            return 0
+        max_outputs = self._admitted[request.request_id].limits.max_outputs
+        return draft_limit(self.config.speculative.num_speculative_tokens, num_outputs, max_outputs)
+
     # -- a plan made ahead (EngineConfig.async_scheduling) ---------------------------------------
+
+    def may_propose_next(self) -> bool:
+        """Whether the next `schedule` might ask the proposer for a draft (spec.scheduling step 2b). Told from
+        counts alone, so the engine can ask it before the last step's token values are known: a plan made
+        ahead must propose nothing, since the proposer reads the request's tokens (pending ones then).
+
+        It replays step 2's budget over the running requests as if the pool grows every table (nothing is
+        preempted): then step 2b sees exactly these decoding chunks and this budget, and the answer is
+        exact. Where the step does preempt, nothing proposes, yet this may say True: conservative (the
+        engine then waits for the tokens and schedules step by step, which is always correct). Which
+        requests the pool preempts needs the allocator's own run; those steps are rare."""
+        if self.proposer is None:
+            return False
+        budget, num_decoding = self.config.max_num_batched_tokens, 0
+        for request in self._running.values():
+            if budget <= 0:
+                return False  # step 2 ends with no budget left: step 2b adds no draft
+            uncomputed = request.num_tokens - request.num_computed_tokens
+            budget -= min(uncomputed, budget)
+            num_decoding += uncomputed == 1  # a single-token chunk that samples: a decoding chunk
+        if budget <= 0:
+            return False
+        large_batch = is_large_batch(self.config.speculative, num_decoding)
+        return any(
+            request.num_tokens - request.num_computed_tokens == 1 and self._draft_limit(request, large_batch) > 0
+            for request in self._running.values()
+        )
 
     def finishes_by_length_only(self, request_ids: Iterable[str]) -> bool:
         """Whether none of these running requests can be finished by the value of its next token."""

@@ -12,6 +12,12 @@ made ahead (fast.scheduler.Scheduler.drop_from_plan says why), or an arrival whi
 ahead (requests that ask no logprobs: the arrival joins the step after it): from then on the plans
 may differ, and each request's final output must still be equal. The spec's invariants are checked after every
 step (check_invariants), and the pool must be empty at the end.
+
+Speculative mode (drawn per example): prompt lookup with small acceptance gates and large steps of 2 or 3
+decoding chunks, so that steps verify drafts, gated-off and large steps go ahead, and steps whose next one
+may propose wait for their tokens (fast.scheduler.Scheduler.may_propose_next). The stub's token at an
+output position is the same whether sampled plain or in a verify chunk, so drafts are accepted at times.
+The proposer must never see a pending token: a plan made ahead proposes nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from fast.engine import FastEngine
 from fast.input_batch import InputBatch
 from fast.scheduler import Scheduler
 from fuzz import stats
@@ -38,13 +45,45 @@ from fuzz.strategies import ignore
 from reports.serving.host_overhead import SHAPES, HostOnlyFastEngine, StepDigest
 from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
-from spec.request import RequestOutput
+from spec.request import PENDING_TOKEN, RequestOutput
 from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
+from spec.speculative import DraftProposer, SpeculativeConfig
 
 SAMPLER_VOCAB = 16  # small: drawn stop ids are often sampled
 MODEL_CONFIG = SHAPES["qwen3-0.6b"].model_config()
 STATS_LABEL = "async scheduling"
+SPECULATIVE_STATS_LABEL = "async scheduling, speculative"
+# Small gates: judged on 2 verify chunks, paused for 2 outputs, then 4 (requests here have at most 8 outputs).
+GATE = {"acceptance_window": 2, "min_acceptance_rate": 0.5, "backoff_outputs": 2, "max_backoff_outputs": 4}
+
+
+class NoPendingTokens:
+    """The engine's proposer, asserting that it is never asked about a request with a pending token."""
+
+    def __init__(self, proposer: DraftProposer) -> None:
+        self.proposer = proposer
+        self.calls = 0
+
+    def propose(self, token_ids, max_tokens) -> list[tuple[int, ...]]:
+        assert all(PENDING_TOKEN not in tokens for tokens in token_ids), "a plan made ahead asked for drafts"
+        self.calls += 1
+        return self.proposer.propose(token_ids, max_tokens)
+
+
+def check_the_ahead_predicate(scheduler: Scheduler, proposer: NoPendingTokens) -> None:
+    """Wrap scheduler.schedule: Scheduler.may_propose_next, asked first, must say whether the proposer is asked,
+    exactly, but in a step that preempts (nothing proposes there; the predicate may say it might)."""
+    schedule = scheduler.schedule
+
+    def checking_schedule() -> StepPlan:
+        predicted, before = scheduler.may_propose_next(), proposer.calls
+        plan = schedule()
+        asked = proposer.calls > before
+        assert asked == predicted or (predicted and plan.preempted), (predicted, asked, plan)
+        return plan
+
+    scheduler.schedule = checking_schedule  # type: ignore[method-assign]
 
 
 class Recorded:
@@ -55,6 +94,10 @@ class Recorded:
         # Every step's runner inputs, tokens loaded as pending included once filled in on the "device".
         self.inputs = self.engine.runner.input_digest = StepDigest()
         self.plans: list[StepPlan] = []
+        scheduler = self.engine.scheduler
+        if scheduler.proposer is not None:
+            scheduler.proposer = NoPendingTokens(scheduler.proposer)
+            check_the_ahead_predicate(scheduler, scheduler.proposer)
         execute = self.engine.execute
 
         def recording_execute(plan: StepPlan, meanwhile=None):
@@ -66,14 +109,18 @@ class Recorded:
 
 class AsyncSchedulingMachine(RuleBasedStateMachine):
     stats_label = STATS_LABEL
+    speculative_mode = False
 
     @initialize(
         block_size=st.sampled_from((2, 4)),
         num_blocks=st.integers(6, 24),
         max_num_seqs=st.integers(1, 4),
         max_num_batched_tokens=st.integers(3, 24),
+        data=st.data(),
     )
-    def build(self, block_size: int, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def build(
+        self, block_size: int, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int, data: st.DataObject
+    ) -> None:
         base = EngineConfig(
             block_size=block_size,
             num_blocks=num_blocks,
@@ -82,6 +129,7 @@ class AsyncSchedulingMachine(RuleBasedStateMachine):
             max_model_len=64,
             check_invariants=True,
             enable_cuda_graphs=False,
+            speculative=self._speculative(data),
         )
         self.step_by_step = Recorded(replace(base, async_scheduling=False))  # the fast engine's default is on
         self.ahead = Recorded(replace(base, async_scheduling=True))
@@ -91,6 +139,14 @@ class AsyncSchedulingMachine(RuleBasedStateMachine):
         self.plans_comparable = True
         stats.bump(self.stats_label, "examples")
         self.last_outputs: tuple[dict[str, RequestOutput], dict[str, RequestOutput]] = ({}, {})
+
+    def _speculative(self, data: st.DataObject) -> SpeculativeConfig | None:
+        """Speculative mode only (drawn here, so that the plain machine's examples stay as they were)."""
+        if not self.speculative_mode:
+            return None
+        k = data.draw(st.sampled_from((1, 3)), label="num_speculative_tokens")
+        large_batch_rows = data.draw(st.sampled_from((None, 2, 3)), label="large_batch_rows")
+        return SpeculativeConfig("ngram", k, large_batch_rows=large_batch_rows, **GATE)
 
     @rule(
         prompt_len=st.integers(1, 12),
@@ -170,6 +226,10 @@ class AsyncSchedulingMachine(RuleBasedStateMachine):
         stats.bump(self.stats_label, "steps_ahead", self.ahead.engine.step_timings.ahead_steps)
         stats.bump(self.stats_label, "steps", self.ahead.engine.step_timings.num_steps)
         stats.bump(self.stats_label, "steps_launched_ahead", self.ahead.engine.step_timings.launched_ahead_steps)
+        if self.ahead.engine.config.speculative is not None:
+            verify_steps = sum(any(c.draft_token_ids for c in plan.chunks) for plan in self.ahead.plans)
+            stats.bump(self.stats_label, "verify_steps", verify_steps)
+            stats.bump(self.stats_label, "steps_ahead_speculative", self.ahead.engine.step_timings.ahead_steps)
 
     def _compare(self, step_by_step: list[RequestOutput], ahead: list[RequestOutput]) -> None:
         """Equal outputs while the plans are the step-by-step ones; each request's latest output kept."""
@@ -210,11 +270,26 @@ def test_async_scheduling_matches_step_by_step() -> None:
         assert seen.get(situation), f"the fuzzer never reached {situation}: {seen}"
 
 
+class AsyncSpeculativeMachine(AsyncSchedulingMachine):
+    stats_label = SPECULATIVE_STATS_LABEL
+    speculative_mode = True
+
+
+def test_async_scheduling_with_speculation_matches_step_by_step() -> None:
+    run_state_machine_as_test(AsyncSpeculativeMachine, settings=settings.default)
+    seen = stats.counters(SPECULATIVE_STATS_LABEL)
+    for situation in ("steps_ahead_speculative", "steps_launched_ahead", "verify_steps", "aborts_with_a_chunk_ahead"):
+        assert seen.get(situation), f"the fuzzer never reached {situation}: {seen}"
+
+
 _drop_from_plan = Scheduler.drop_from_plan
 
 
 def _drop_and_admit(scheduler: Scheduler, request_id: str) -> StepPlan:
     return _drop_from_plan(scheduler, request_id, admit=True)
+
+
+SPECULATION_BUGS = ("may_propose_next", "_verifies")
 
 
 @pytest.mark.parametrize(
@@ -228,14 +303,27 @@ def _drop_and_admit(scheduler: Scheduler, request_id: str) -> StepPlan:
         (InputBatch, "set_pending_tokens", lambda batch, token_rows, source, source_rows: None),
         # A step launched ahead that takes admissions after its launch: the device never runs them.
         (Scheduler, "drop_from_plan", lambda scheduler, request_id, admit=True: _drop_and_admit(scheduler, request_id)),
+        # Speculation: steps whose next one may propose scheduled ahead (drafts from pending tokens) ...
+        (Scheduler, "may_propose_next", lambda scheduler: False),
+        # ... and the step after a verify step planned before its accepted count is known.
+        (FastEngine, "_verifies", lambda engine, plan: False),
     ],
-    ids=["arrivals-not-admitted", "stop-ids-scheduled-ahead", "pending-tokens-not-filled-in", "admitted-after-launch"],
+    ids=[
+        "arrivals-not-admitted",
+        "stop-ids-scheduled-ahead",
+        "pending-tokens-not-filled-in",
+        "admitted-after-launch",
+        "proposals-ahead",
+        "ahead-of-a-verify-step",
+    ],
 )
 def test_the_fuzzer_catches_planted_bugs(
     owner: type, planted: str, replacement, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(owner, planted, replacement)
-    monkeypatch.setattr(AsyncSchedulingMachine, "stats_label", f"planted/async scheduling {planted}")
+    # The speculation bugs only show with speculation on: the speculative machine hunts them.
+    machine = AsyncSpeculativeMachine if planted in SPECULATION_BUGS else AsyncSchedulingMachine
+    monkeypatch.setattr(machine, "stats_label", f"planted/async scheduling {planted}")
     # Hypothesis mixes literal constants of the modules imported so far into what it draws, so the examples
     # depend on which tests ran before this one: collected after a tests/ module (its conftest imports
     # twinfer.models.tiny_model), the arrivals bug took more than 150 examples to show, alone 14. Its budget has room.
@@ -243,4 +331,4 @@ def test_the_fuzzer_catches_planted_bugs(
         settings.default, max_examples=600, phases=(Phase.generate,), suppress_health_check=list(HealthCheck)
     )
     with with_reporter(ignore), pytest.raises(AssertionError):
-        run_state_machine_as_test(AsyncSchedulingMachine, settings=planted_settings)
+        run_state_machine_as_test(machine, settings=planted_settings)

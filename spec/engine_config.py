@@ -78,9 +78,10 @@ class EngineConfig:
         changes nothing. The reference engine ignores it.
     speculative: speculative decoding (spec.speculative.SpeculativeConfig); None: off.
         Decoding requests carry up to K drafted tokens, verified in one chunk by the model itself;
-        the output is the output without speculation (spec.speculative says how exactly). Verify
-        steps need their sampled tokens before the next step can be planned, so async scheduling
-        is off with it (None resolves to off; True is a ConfigError).
+        the output is the output without speculation (spec.speculative says how exactly). With
+        async scheduling, a step goes ahead only when it verifies no draft (its accepted count is
+        known once its tokens are read) and no request can propose in the next step (told from
+        counts: the acceptance gates and the step's decoding chunks); the others run step by step.
     """
 
     block_size: int = 16
@@ -129,11 +130,6 @@ class EngineConfig:
                 raise ConfigError(
                     f"engine setting 'speculative' must be a SpeculativeConfig or None, got {self.speculative!r}"
                 )
-            if self.async_scheduling:
-                raise ConfigError(
-                    "speculative decoding needs each verify step's tokens before the next step is planned: "
-                    "turn async_scheduling off (or leave it None)"
-                )
 
     def resolved(
         self, model: ModelConfig, num_blocks: int | None = None, batches: BatchDefaults = SMALL_BATCHES
@@ -158,8 +154,7 @@ class EngineConfig:
             num_blocks=pool,
             max_num_seqs=_given_or(self.max_num_seqs, batches.max_num_seqs),
             max_num_batched_tokens=_given_or(self.max_num_batched_tokens, batches.max_num_batched_tokens),
-            # Speculation plans each step from the last one's accepted tokens: never ahead.
-            async_scheduling=_given_or(self.async_scheduling, batches.async_scheduling and self.speculative is None),
+            async_scheduling=_given_or(self.async_scheduling, batches.async_scheduling),
         )
 
     def for_draft_model(self) -> EngineConfig:

@@ -26,6 +26,9 @@ Policy, one step (two implementations that follow it make identical decisions):
    takes a block a plain step would need from a request scheduled before it. A draft left
    non-empty joins its chunk (a verify chunk: the last token and the draft, n = 1 + len(draft),
    draft_token_ids set), its table grows to cover it, and budget -= len(draft).
+   Which requests ask depends on counts alone (gates, output counts, step 2's chunks); only the
+   proposer reads token values. So an engine that plans a step before the previous step's token
+   values are known can tell whether anyone might ask (fast.scheduler.Scheduler.may_propose_next).
 3. Only if nothing was preempted in this step: admission of waiting requests, first come first
    served, while budget > 0 and fewer than max_num_seqs requests run. For the request at the
    head of the queue: its prefix-cache hit is the longest run of leading full blocks of its

@@ -95,7 +95,9 @@ class StubRunner:
         self.config = device_settings(engine_config, model_config, self.device)  # as ModelRunner resolves it
         config = self.config
         self.max_step_seqs = min(config.max_num_seqs, config.max_num_batched_tokens)
-        self.max_sample_rows = self.max_step_seqs  # no speculative decoding here: one sampled row per sequence
+        # As ModelRunner: one sampled row per sequence, or with speculative decoding one per verify position.
+        drafts = config.speculative.num_speculative_tokens if config.speculative is not None else 0
+        self.max_sample_rows = min(self.max_step_seqs * (1 + drafts), config.max_num_batched_tokens)
         self.inputs = InputBatch(
             config.max_num_batched_tokens,
             self.max_step_seqs,

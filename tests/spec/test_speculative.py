@@ -10,6 +10,7 @@ mode, where they must be bitwise equal, on a couple of cases (the Triton interpr
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 
 from fast.block_allocator import BlockAllocator as FastBlockAllocator
 from reference.block_allocator import BlockAllocator as ReferenceBlockAllocator
-from spec.engine_config import EngineConfig
+from spec.engine_config import BatchDefaults, EngineConfig
 from spec.errors import ConfigError
 from spec.request import FinishReason
 from spec.sampling_params import SamplingParams
@@ -94,11 +95,14 @@ def test_bad_speculative_settings_are_named(settings: dict, message: str) -> Non
         SpeculativeConfig(**settings)
 
 
-def test_engine_config_checks_speculative() -> None:
+def test_engine_config_checks_speculative(tiny_weights) -> None:
     with pytest.raises(ConfigError, match="'speculative' must be a SpeculativeConfig"):
         EngineConfig(speculative="ngram")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="turn async_scheduling off"):
-        EngineConfig(speculative=SpeculativeConfig("ngram", 2), async_scheduling=True)
+    # Async scheduling goes ahead where speculation cannot change a plan (tests/fast/test_async_speculative.py).
+    config = EngineConfig(speculative=SpeculativeConfig("ngram", 2))
+    defaults = BatchDefaults(max_num_seqs=8, max_num_batched_tokens=64, async_scheduling=True)
+    assert config.resolved(tiny_weights[0], batches=defaults).async_scheduling is True
+    assert replace(config, async_scheduling=True).async_scheduling is True
 
 
 # -- engines: speculative == plain -------------------------------------------------------------
