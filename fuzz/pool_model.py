@@ -14,6 +14,9 @@ encodes (spec.scheduling and the reference allocator's contract):
 
 Block ids are the implementation's: the model starts from the implementation's initial free
 queue, so it predicts exact block ids without assuming any numbering convention.
+
+Hashes are spec.block_hash.hash_block's, through a memo (fuzz/shared_checks.py): the model still hashes
+every prefix from scratch; the memo only spares recomputing a pure function's value for arguments seen.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from fuzz.shared_checks import memoized_hash_block
 from spec.block_hash import hash_full_blocks
 
 
@@ -71,7 +75,7 @@ class PoolModel:
         # function, so a slip in it would pass every twin check (the mutation run showed one surviving).
         limit = (len(token_ids) - 1) // self.block_size  # at least one token left to compute
         hits: list[int] = []
-        for index, block_hash in enumerate(hash_full_blocks(token_ids, self.block_size, limit)):
+        for index, block_hash in enumerate(hash_full_blocks(token_ids, self.block_size, limit, memoized_hash_block)):
             block_id = self.cached.get(block_hash)
             block_tokens = tuple(token_ids[index * self.block_size : (index + 1) * self.block_size])
             if block_id is None or self.content[block_id].token_ids != block_tokens:
@@ -112,7 +116,7 @@ class PoolModel:
         """Tokens [0, num_computed) of the request are computed: register its newly full blocks."""
         table = self.tables[request_id]
         full_blocks = num_computed // self.block_size
-        chain = hash_full_blocks(token_ids, self.block_size, full_blocks)
+        chain = hash_full_blocks(token_ids, self.block_size, full_blocks, memoized_hash_block)
         for index in range(self.hashed_blocks[request_id], full_blocks):
             block_hash = chain[index]
             if self.enable_prefix_caching and block_hash not in self.cached:

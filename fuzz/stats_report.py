@@ -28,6 +28,7 @@ TOTALLED = (
     "examples",
     "steps",
     "snapshot_checks",
+    "snapshot_verdicts_shared",  # of the snapshot checks: equal to the first implementation's (fuzz/shared_checks.py)
     "invariant_evaluations",
     "model_comparisons",
     "twin_comparisons",
