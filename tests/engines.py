@@ -47,6 +47,19 @@ def build_engine(
     raise ValueError(f"unknown engine {name!r}; known: {ENGINE_NAMES}")
 
 
+def record_executed_plans(engine: Engine) -> list[StepPlan]:
+    """The plans a fast engine executes, in order (however early async scheduling made them)."""
+    plans: list[StepPlan] = []
+    execute = engine.execute  # type: ignore[attr-defined]
+
+    def recording_execute(plan: StepPlan, meanwhile=None):
+        plans.append(plan)
+        return execute(plan, meanwhile)
+
+    engine.execute = recording_execute  # type: ignore[attr-defined]
+    return plans
+
+
 def record_plans(engine: Engine) -> list[StepPlan]:
     """Spy on an engine's scheduling plans without changing what its scheduler does."""
     plans: list[StepPlan] = []

@@ -20,8 +20,7 @@ from reports.serving import host_overhead
 from spec.engine_config import EngineConfig
 from spec.request import PENDING_TOKEN, FinishLimits, LifecycleError, Request, RequestOutput
 from spec.sampling_params import SamplingParams
-from spec.scheduling import StepPlan
-from tests.engines import build_engine
+from tests.engines import build_engine, record_executed_plans
 
 MAX_TOKENS = 5
 
@@ -32,19 +31,6 @@ def test_the_host_path_makes_the_same_plans_inputs_and_outputs_ahead() -> None:
     step_by_step = host_overhead.digest_run(phase, host_overhead.HostSettings(scale=0.05))
     ahead = host_overhead.digest_run(phase, host_overhead.HostSettings(scale=0.05, async_scheduling=True))
     assert ahead == step_by_step and step_by_step["num_plans"] > 10
-
-
-def recorded(engine: FastEngine) -> list[StepPlan]:
-    """The plans the engine executes, in order (however early they were scheduled)."""
-    plans: list[StepPlan] = []
-    execute = engine.execute
-
-    def recording_execute(plan: StepPlan, meanwhile=None):
-        plans.append(plan)
-        return execute(plan, meanwhile)
-
-    engine.execute = recording_execute  # type: ignore[method-assign]
-    return plans
 
 
 def fast_engine(tiny_weights, async_scheduling: bool, **settings: object) -> FastEngine:
@@ -85,7 +71,7 @@ def test_streaming_arrivals_and_aborts_give_the_same_plans_and_outputs(tiny_weig
     runs = {}
     for ahead in (False, True):
         engine = fast_engine(tiny_weights, ahead, max_num_seqs=2)
-        plans = recorded(engine)
+        plans = record_executed_plans(engine)
         runs[ahead] = (plans, streaming_script(engine), engine)
     (plans, outputs, _), (ahead_plans, ahead_outputs, engine) = runs[False], runs[True]
     assert ahead_plans == plans
@@ -104,7 +90,7 @@ def test_chunked_prefill_and_preemption_give_the_same_plans_and_outputs(tiny_wei
     runs = {}
     for ahead in (False, True):
         engine = fast_engine(tiny_weights, ahead, num_blocks=9, max_num_batched_tokens=8)
-        plans = recorded(engine)
+        plans = record_executed_plans(engine)
         outputs = engine.generate(prompts, greedy())
         runs[ahead] = (plans, outputs, engine)
     (plans, outputs, _), (ahead_plans, ahead_outputs, engine) = runs[False], runs[True]
@@ -131,7 +117,7 @@ def test_prompt_scoring_steps_planned_ahead_beside_pending_decode_rows(tiny_weig
     runs = {}
     for ahead in (False, True):
         engine = fast_engine(tiny_weights, ahead, max_num_seqs=2)
-        plans = recorded(engine)
+        plans = record_executed_plans(engine)
         runs[ahead] = (plans, engine.generate(prompts, params), engine)
     (plans, outputs, _), (ahead_plans, ahead_outputs, engine) = runs[False], runs[True]
     assert [o.prompt_logprobs is not None for o in outputs] == [False, False, True, True]
@@ -184,7 +170,7 @@ def test_steps_launched_ahead_give_the_same_plans_and_outputs(tiny_weights) -> N
     runs = {}
     for ahead in (False, True):
         engine = fast_engine(tiny_weights, ahead, num_blocks=9, max_num_batched_tokens=8)
-        plans = recorded(engine)
+        plans = record_executed_plans(engine)
         runs[ahead] = (plans, engine.generate(prompts, tokens_only()), engine)
     (plans, outputs, _), (ahead_plans, ahead_outputs, engine) = runs[False], runs[True]
     assert any(plan.preempted for plan in plans), "the pool must force a preemption"
@@ -200,7 +186,7 @@ def test_arrivals_and_aborts_while_a_step_is_launched_ahead(tiny_weights) -> Non
     runs = {}
     for ahead in (False, True):
         engine = fast_engine(tiny_weights, ahead, max_num_seqs=3)
-        plans = recorded(engine)
+        plans = record_executed_plans(engine)
         engine.add_request([5, 6, 7, 8, 9, 10], tokens_only(max_tokens=9), "a")
         engine.add_request([11, 12, 13], tokens_only(max_tokens=6), "b")
         engine.step()

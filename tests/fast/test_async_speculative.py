@@ -20,7 +20,7 @@ from spec.engine_config import EngineConfig
 from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
 from spec.speculative import DraftProposer, SpeculativeConfig
-from tests.engines import build_engine
+from tests.engines import build_engine, record_executed_plans
 from tests.spec.speculation import PlantedDrafts, periodically_wrong, spy_verifies
 
 # Small gates (tests/spec/test_speculative_gate.py): judged on 2 verify chunks, paused for 3 outputs, then 4.
@@ -38,19 +38,6 @@ def fast_engine(tiny_weights, async_scheduling: bool, speculative: SpeculativeCo
         block_size=4, check_invariants=True, async_scheduling=async_scheduling, speculative=speculative, **settings
     )
     return build_engine("fast", config, state_dict, engine_config)  # type: ignore[return-value]
-
-
-def recorded(engine: FastEngine) -> list[StepPlan]:
-    """The plans the engine executes, in order (however early they were scheduled)."""
-    plans: list[StepPlan] = []
-    execute = engine.execute
-
-    def recording_execute(plan: StepPlan, meanwhile=None):
-        plans.append(plan)
-        return execute(plan, meanwhile)
-
-    engine.execute = recording_execute  # type: ignore[method-assign]
-    return plans
 
 
 def check_the_predicate(engine: FastEngine) -> list[tuple[bool, bool, bool]]:
@@ -88,7 +75,7 @@ def run(tiny_weights, async_scheduling: bool, speculative: SpeculativeConfig, pr
     engine = fast_engine(tiny_weights, async_scheduling, speculative, **settings)
     if proposer is not None:
         engine.scheduler.proposer = proposer
-    plans, log, predictions = recorded(engine), spy_verifies(engine), check_the_predicate(engine)
+    plans, log, predictions = record_executed_plans(engine), spy_verifies(engine), check_the_predicate(engine)
     return engine.generate(prompts, params), plans, log, predictions, engine
 
 
