@@ -126,7 +126,7 @@ def add_rmsnorm(
     Out-of-place by default. `out` and `residual_out` may be given to write into existing
     buffers; they may alias x / residual (each program reads its whole rows before writing them),
     so `add_rmsnorm(x, r, w, eps, out=x, residual_out=r)` runs fully in place. rows_per_program (a
-    power of two; a row's result is the same bits for any) defaults to 1 on a GPU, more on the CPU
+    power of two) defaults to 1 on a GPU, more on the CPU
     (fast/kernels/rows_per_program.py).
     """
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)

@@ -32,8 +32,9 @@ def _check_add_rmsnorm(
     seed: int,
     rows_per_program: int | None = None,
 ) -> None:
-    """Close to the reference, and a row's bits the same whatever the rows per program (the GPU's one-row
-    path and the interpreter's multi-row one)."""
+    """Close to the reference; in Triton's interpreter also a row's bits the same whatever the rows per program
+    (the engine's CPU runs take 16, its batch-invariance tests compare them). On a GPU a row reduced in a
+    larger tile may round otherwise (an H200 differed in fp16), and the engine takes one row there always."""
     generator = seeded_generator(seed)
     x = _random((num_tokens, hidden), dtype, generator)
     residual = _random((num_tokens, hidden), dtype, generator, scale=4.0) if with_residual else None
@@ -44,9 +45,11 @@ def _check_add_rmsnorm(
         x, residual, weight, 1e-6, out=out, residual_out=residual_out, rows_per_program=rows_per_program
     )
     expected, expected_residual = reference_add_rmsnorm(x, residual, weight, 1e-6)
-    one_row = add_rmsnorm(x, residual, weight, 1e-6, rows_per_program=1)
-    assert torch.equal(one_row[0], out)
-    assert (one_row[1] is None) == (not with_residual) and (not with_residual or torch.equal(one_row[1], new_residual))
+    if not ON_GPU:
+        one_row = add_rmsnorm(x, residual, weight, 1e-6, rows_per_program=1)
+        assert torch.equal(one_row[0], out)
+        assert (one_row[1] is None) == (not with_residual)
+        assert not with_residual or torch.equal(one_row[1], new_residual)
     assert result is out
     assert_close_scaled(out, expected, dtype, "add_rmsnorm out")
     if with_residual:
@@ -186,10 +189,12 @@ def _rotated(qkv: torch.Tensor, num_q_heads: int, tokens_per_program: int, **sha
     return qkv
 
 
-@pytest.mark.parametrize("dtype", GPU_DTYPES if ON_GPU else CPU_DTYPES)
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
 def test_qk_norm_rope_is_bitwise_the_same_for_any_tokens_per_program(dtype: torch.dtype) -> None:
-    """A token's rotated heads do not depend on how many tokens its program holds, nor on its row there:
-    the CPU (16 tokens a program) and a GPU (one) run one function, and batch invariance holds either way."""
+    """In Triton's interpreter a token's rotated heads do not depend on how many tokens its program holds,
+    nor on its row there (the engine's CPU runs take 16 a program). On a GPU, where a row reduced in a larger
+    tile may round otherwise (an H200 did at 2 heads a program), the engine takes one token a program always."""
     generator = seeded_generator(4)
     head_dim, num_q_heads, num_kv_heads, num_tokens = 64, 6, 3, 37
     qkv = _random((num_tokens, num_q_heads + num_kv_heads, head_dim), dtype, generator, scale=3.0)
