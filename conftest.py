@@ -92,7 +92,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
     if HAS_CUDA:
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-        items[:] = gpu_tests_first(items, workers, min(workers, GPU_TEST_SLOTS))
+        items[:] = large_gpu_tests_first(items, workers, min(workers, GPU_TEST_SLOTS))
 
 
 # At most this many `large_gpu` tests run at once, whatever the number of pytest-xdist workers: at the 0.6B shape
@@ -103,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 GPU_TEST_SLOTS = 4
 
 
-def gpu_tests_first(items: list[pytest.Item], workers: int, gpu_workers: int) -> list[pytest.Item]:
+def large_gpu_tests_first(items: list[pytest.Item], workers: int, gpu_workers: int) -> list[pytest.Item]:
     """The collection reordered so that `gpu_workers` pytest-xdist workers start with the `large_gpu` tests.
 
     worksteal hands worker k the k-th contiguous slice of the collection (sizes remaining // workers left),
