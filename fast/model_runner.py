@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -47,6 +48,23 @@ def small_batch_gemv_enabled(device: torch.device, batch_invariant: bool) -> boo
     matmul), and never in batch-invariant mode (the GEMV's reduction order depends on the rows).
     """
     return device.type == "cuda" and not batch_invariant
+
+
+@dataclass
+class StartupTimings:
+    """Seconds each phase of a runner's start-up took (on a GPU each ends synchronised): packing the
+    weights, sizing the KV pool (its warm-up forward of a full token budget), capturing the decode
+    graphs and compiling the kernels' remaining variants. Logged at INFO; tests and benches read them."""
+
+    weights_s: float = 0.0
+    pool_s: float = 0.0
+    graphs_s: float = 0.0
+    kernels_s: float = 0.0
+    num_graphs: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return self.weights_s + self.pool_s + self.graphs_s + self.kernels_s
 
 
 @dataclass(frozen=True)
@@ -115,9 +133,13 @@ class ModelRunner:
         # Rows a step samples: one per sequence, or with speculative decoding one per verify position.
         drafts = settings.speculative.num_speculative_tokens if settings.speculative is not None else 0
         self.max_sample_rows = min(self.max_step_seqs * (1 + drafts), settings.max_num_batched_tokens)
+        self.startup = StartupTimings()
+        started = time.perf_counter()
+        packed = self._pack(weights)
+        self.startup.weights_s = time.perf_counter() - started
         self.model = FastCausalLM(
             model_config,
-            self._pack(weights),
+            packed,
             settings.model_len,
             device,
             settings.batch_invariant,
@@ -136,7 +158,10 @@ class ModelRunner:
             settings.batch_invariant,
             pdl=pdl,
         )
-        self.config = device_settings(engine_config, model_config, device, self._pool_blocks(engine_config, settings))
+        started = time.perf_counter()
+        pool_blocks = self._pool_blocks(engine_config, settings)
+        self.startup.pool_s = time.perf_counter() - started
+        self.config = device_settings(engine_config, model_config, device, pool_blocks)
         self.cache = self._make_cache(self.config.pool_blocks)
         self.inputs = InputBatch(
             settings.max_num_batched_tokens,
@@ -154,12 +179,29 @@ class ModelRunner:
             self._shared_tokens = torch.zeros(self.max_step_seqs, dtype=torch.int64, device=device)
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda" and self.config.enable_cuda_graphs:
+            started = time.perf_counter()
             self.graphs = DecodeGraphs(self.max_step_seqs)
             self.graphs.capture(self._load_padding, self._decode_forward, self.attention.graph_contexts)
+            self.startup.graphs_s, self.startup.num_graphs = time.perf_counter() - started, self.graphs.num_graphs
         if device.type == "cuda":
+            started = time.perf_counter()
             self._compile_kernels()
+            self.startup.kernels_s = time.perf_counter() - started
+        self._log_startup()
         if self.collectives is not None:
             self._check_ranks_agree()
+
+    def _log_startup(self) -> None:
+        timings = self.startup
+        logger.info(
+            "runner started in %.2f s: weights %.2f s, KV pool sizing %.2f s, %d CUDA graphs %.2f s, kernels %.2f s",
+            timings.total_s,
+            timings.weights_s,
+            timings.pool_s,
+            timings.num_graphs,
+            timings.graphs_s,
+            timings.kernels_s,
+        )
 
     def _pack(self, weights: Mapping[str, torch.Tensor] | WeightSource) -> ModelWeights:
         if isinstance(weights, Mapping):

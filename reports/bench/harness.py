@@ -16,6 +16,7 @@ import gc
 import json
 import logging
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass
 from functools import partial
@@ -250,15 +251,18 @@ def run_engine(name: str, settings: BenchSettings) -> dict[str, object]:
     phases, runs_by_label = [], {}
     for phase in settings.workload.phases:
         engine_config = bench_engine_config(name, settings, phase)
+        built = time.perf_counter()
         engine = build_random_engine(
             name, settings.shape, engine_config, settings.dtype, settings.device, settings.weight_seed
         )
+        start_up = {"build_s": time.perf_counter() - built} | _runner_startup(engine)
         warm_up_engine(engine)
         runs = [run_on_engine(engine, phase, settings.progress) for _ in range(settings.runs_per_phase)]
         runs_by_label[phase.label] = runs
         entry = {
             "phase": phase.label,
             "engine_config": asdict(engine.config),
+            "start_up": start_up,
             "metrics": phase_metrics(runs),
             "runs": [run_record(run) for run in runs],
         }
@@ -278,6 +282,13 @@ def run_engine(name: str, settings: BenchSettings) -> dict[str, object]:
         "phases": phases,
         "comparisons": prefix_caching_comparison(settings.workload, runs_by_label),
     }
+
+
+def _runner_startup(engine: Engine) -> dict[str, object]:
+    """The fast engine's start-up phases (fast.model_runner.StartupTimings), the random weights' drawing
+    excluded; nothing for an engine that keeps none."""
+    startup = getattr(getattr(engine, "runner", None), "startup", None)
+    return asdict(startup) if startup is not None else {}
 
 
 def bench_engine_config(name: str, settings: BenchSettings, phase: Phase) -> EngineConfig:

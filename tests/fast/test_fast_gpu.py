@@ -43,10 +43,16 @@ def hf_fp32():
 
 
 def engine(name: str, weights, dtype=torch.float32, **settings):
+    """Batch limits no larger than these tests' batches (32 sequences, 2048 tokens a step): at the CUDA
+    defaults (256 and 16384) each engine's start-up captures 35 graph sizes and sizes its pool with a
+    16384-token warm-up whose logits alone take 10 GB in fp32, for some thirty engines in this module. The
+    fp32 "mixed" case gives None to run the defaults users get."""
     config, state_dict = weights
     settings.setdefault("block_size", BLOCK_SIZE)
     settings.setdefault("num_blocks", 1024)
     settings.setdefault("max_model_len", 4096)
+    settings.setdefault("max_num_seqs", 32)
+    settings.setdefault("max_num_batched_tokens", 2048)
     return build_engine(name, config, state_dict, EngineConfig(**settings), dtype, "cuda")
 
 
@@ -58,7 +64,7 @@ def test_fp32_cases_against_reference_and_transformers(fp32_weights, hf_fp32) ->
     shared = prompts_of([3 * BLOCK_SIZE + 5], seed=2)[0]
     prefix_prompts = [shared + tail for tail in prompts_of([4, 9, 30], seed=3)]
     cases = {
-        "mixed": ({}, CASE_PROMPTS),
+        "mixed": ({"max_num_seqs": None, "max_num_batched_tokens": None}, CASE_PROMPTS),  # the CUDA defaults
         "prefix-shared": ({"max_num_seqs": 1}, prefix_prompts),
         "chunked": ({"max_num_batched_tokens": 64}, CASE_PROMPTS),
         "preemption": ({"num_blocks": 30}, CASE_PROMPTS[:4]),
@@ -268,9 +274,11 @@ def test_bf16_teacher_forced_against_fp32(fp32_weights) -> None:
 def test_memory_errors_at_start(fp32_weights) -> None:
     config, state_dict = fp32_weights
     # FastEngine itself: tests.engines.build_engine would give the first one a fixed pool.
+    # A 2048-token budget: the pool is sized after a warm-up forward of the whole budget.
+    small = EngineConfig(max_num_batched_tokens=2048)
     with pytest.raises(ConfigError, match="less than one request of max_model_len"):
         FastEngine(
-            config, state_dict, EngineConfig(gpu_memory_utilization=0.05, max_model_len=40960), torch.float32, "cuda"
+            config, state_dict, replace(small, gpu_memory_utilization=0.05, max_model_len=40960), torch.float32, "cuda"
         )
     with pytest.raises(ConfigError, match="does not fit in GPU memory"):
-        FastEngine(config, state_dict, EngineConfig(num_blocks=10**8), torch.float32, "cuda")
+        FastEngine(config, state_dict, replace(small, num_blocks=10**8), torch.float32, "cuda")
