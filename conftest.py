@@ -204,7 +204,14 @@ def dump_stacks_on_sigusr1() -> None:
     faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
     after_s = os.environ.get("TWINFER_STACK_DUMP_AFTER_S")
     if after_s:
-        faulthandler.dump_traceback_later(float(after_s), file=dump_file)
+        # A daemon thread, not faulthandler.dump_traceback_later: a process forked from this one (the mutation
+        # runner's children, fuzz/mutation/worker.py) inherits that watchdog's state without its thread, and
+        # its pytest then hung or failed (suite_alone/run_02f13a1/).
+        import threading
+
+        timer = threading.Timer(float(after_s), faulthandler.dump_traceback, (dump_file, True))
+        timer.daemon = True
+        timer.start()
 
 
 dump_stacks_on_sigusr1()
@@ -214,7 +221,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """With TWINFER_FAILURE_LOG set, each failure's traceback is appended to that file as it happens; with
     TWINFER_DURATION_LOG set, each phase's seconds (setup, call, teardown), outcome and test: a run stopped at
     its time limit (a device call) still says why what failed before that failed, and where the time went.
-    (With -v, pytest prints tracebacks and --durations only at the end of the session.)"""
+    (With -v, pytest prints tracebacks and --durations only at the end of the session.) Under pytest-xdist the
+    controller writes them, as each worker's report reaches it; a worker writing too gave every line twice."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     path = os.environ.get("TWINFER_FAILURE_LOG")
     if path and report.failed:
         with open(path, "a", encoding="utf-8") as log:

@@ -72,7 +72,9 @@ def test_a_forked_run_kills_survives_and_times_out(toy_tree: Path) -> None:
     from fuzz.mutation.worker import KILLED, SURVIVED, TIMEOUT, run_tests
 
     root, tests = str(toy_tree), ("test_toy.py",)
-    assert run_tests(root, tests, None, None, 60).outcome == SURVIVED
+    unmutated = run_tests(root, tests, None, None, 60)
+    assert unmutated.outcome == SURVIVED, unmutated
+    assert "passed" in unmutated.output_tail  # the child's pytest output reaches its log
     assert run_tests(root, tests, "toy/maths.py", MODULE.replace("value < low", "value > low"), 60).outcome == KILLED
     unseen = MODULE.replace("value < low", "value <= low")  # equal values are never tried
     assert run_tests(root, tests, "toy/maths.py", unseen, 60).outcome == SURVIVED

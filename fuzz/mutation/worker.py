@@ -110,6 +110,8 @@ def _child(root: str, tests: tuple[str, ...], module: str | None, source: str | 
         with open(log, "w") as output:
             os.dup2(output.fileno(), 1)
             os.dup2(output.fileno(), 2)
+        # Forked inside a pytest run, sys.stdout may be that run's capture file rather than descriptor 1.
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         os.chdir(root)
         os.environ["TWINFER_FUZZ_STATS"] = str(scratch / "fuzz-stats.json")  # not the tree's .fuzz-stats/
         if module is not None and source is not None:
