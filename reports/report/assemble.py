@@ -34,13 +34,16 @@ def assemble_report(
     speed: SpeedSection,
     device: torch.device,
     mutation: MutationSection | None = None,
+    commit: str | None = None,
 ) -> Report:
+    """commit: the commit under test, where git here cannot say (a device's copy of the tree carries stale git
+    metadata); whether the tree differs from it is then unknown. None: `git rev-parse HEAD` and `git status`."""
     from reports.bench import device as bench_device
 
     return report_of_sections(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
-        commit=bench_device.git_commit(),
-        commit_dirty=bench_device.git_has_uncommitted_changes(),
+        commit=commit or bench_device.git_commit(),
+        commit_dirty=None if commit else bench_device.git_has_uncommitted_changes(),
         settings=settings,
         environment=environment(device),
         correctness=correctness,

@@ -47,6 +47,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--render", type=Path, metavar="REPORT.json", help="render a kept report.json again")
     parser.add_argument(
+        "--commit",
+        help="the commit under test (default: `git rev-parse HEAD`; give it where the tree is a copy whose git "
+        "metadata may be stale, as on a device machine)",
+    )
+    parser.add_argument(
         "--sections", default=",".join(SECTIONS), help=f"comma-separated sections to run (default {','.join(SECTIONS)})"
     )
     parser.add_argument(
@@ -153,7 +158,7 @@ def _run_report(args: argparse.Namespace) -> int:
     fuzz = _fuzz(sections, args.fuzz)
     kernels = _kernels(sections, device)
     speed = _speed(sections, device, args)
-    report = assemble_report(settings, correctness, fuzz, kernels, speed, device, _mutation(sections))
+    report = assemble_report(settings, correctness, fuzz, kernels, speed, device, _mutation(sections), args.commit)
     document = report.to_json()
     from reports.report.schema import validate_report
 

@@ -490,10 +490,13 @@ def test_speed_section_shows_every_record_with_its_settings_and_baseline(
     names = list(paths)
     out = tmp_path / "report"
     arguments = ["--sections", "speed", "--out", str(out), "--bench-json", *(str(paths[n]) for n in names[:3])]
+    # --commit: the commit under test where the tree's git metadata cannot be trusted (a device's copy).
+    arguments += ["--commit", "c0ffee1"]
     assert command.main([*arguments, "--bench-json", *(str(paths[n]) for n in names[3:])]) == 0
     capsys.readouterr()
     document = json.loads((out / "report.json").read_text())
     validate_report(document)
+    assert (document["commit"], document["commit_dirty"]) == ("c0ffee1", None)
     speed = document["speed"]
     tables = {(t["workload"], t["shape"], t["metric"]): t for t in speed["tables"]}
 
