@@ -4,9 +4,13 @@ one it does not, and a mutant that hangs is killed by its time limit. Nothing is
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fuzz.mutation.equivalent import load_equivalents
 from fuzz.mutation.run import REPO_ROOT
@@ -68,9 +72,28 @@ def test_mutants_skip_annotations_and_are_named_by_their_change(toy_tree: Path) 
 
 
 def test_a_forked_run_kills_survives_and_times_out(toy_tree: Path) -> None:
+    """In a fresh interpreter with CUDA hidden, as the mutation command runs: this pytest worker may hold a CUDA
+    context (a GPU machine), and a fork of such a process aborts."""
     pytest.importorskip("cosmic_ray", reason="cosmic-ray is installed by the optional extra [mutation]")
+    environment = os.environ | {"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO_ROOT)}
+    code = f"from fuzz.test_mutation import forked_runs; forked_runs({str(toy_tree)!r})"
+    run = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_the_runner_refuses_a_process_holding_a_cuda_context(toy_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fuzz.mutation.worker import run_tests
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="CUDA_VISIBLE_DEVICES="):
+        run_tests(str(toy_tree), ("test_toy.py",), None, None, 60)
+
+
+def forked_runs(tree: str) -> None:
+    """The runner's four outcomes on the toy tree (run by the test above in its own interpreter)."""
     from fuzz.mutation.worker import KILLED, SURVIVED, TIMEOUT, run_tests
 
+    toy_tree = Path(tree)
     root, tests = str(toy_tree), ("test_toy.py",)
     unmutated = run_tests(root, tests, None, None, 60)
     assert unmutated.outcome == SURVIVED, unmutated

@@ -72,6 +72,7 @@ def run_tests(
 ) -> SelectionRun:
     """Run `tests` (paths or node ids under `root`) with `module` (a path under root) replaced by
     `source`, or unmutated where `module` is None; stop at the first failure."""
+    refuse_a_cuda_context()
     with tempfile.TemporaryDirectory(prefix="twinfer-mutant-") as scratch:
         log_path = Path(scratch) / "output.txt"
         started = time.monotonic()
@@ -84,6 +85,17 @@ def run_tests(
     if exit_code is None:
         return SelectionRun(TIMEOUT, seconds, None, tail)
     return SelectionRun(_OUTCOME_OF_EXIT_CODE.get(exit_code, ERROR), seconds, exit_code, tail)
+
+
+def refuse_a_cuda_context() -> None:
+    """A fork of a process that holds a CUDA context aborts (SIGABRT, seen on an H200 in a pytest worker that
+    had run GPU tests): the runner needs a process without one, as its plans give it (CUDA_VISIBLE_DEVICES=)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError(
+            "the mutation runner forks a child per run, and a fork of a process holding a CUDA context aborts: "
+            "run it where CUDA is not initialised (CUDA_VISIBLE_DEVICES= python -m fuzz.mutation ...)"
+        )
 
 
 def _wait(pid: int, timeout_s: float) -> int | None:

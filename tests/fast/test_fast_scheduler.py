@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +18,7 @@ from spec.block_hash import hash_block, hash_full_blocks
 from spec.engine_config import EngineConfig
 from spec.request import Request
 from spec.sampling_params import SamplingParams
+from spec.speculative import SpeculativeConfig
 
 
 def test_free_queue_keeps_freeing_order_through_removals_from_anywhere() -> None:
@@ -178,3 +180,23 @@ def test_snapshot_counts_the_tokens_scheduled_until_the_update() -> None:
     assert scheduler.snapshot().requests["r"].num_scheduled_tokens == 3
     scheduler.update(plan, {"r": 4})
     assert scheduler.snapshot().requests["r"].num_scheduled_tokens == 0
+
+
+class ShortProposer:
+    """A broken draft proposer: one proposal fewer than it was asked for."""
+
+    def propose(self, token_ids, max_tokens) -> list[tuple[int, ...]]:
+        return [(1,)] * (len(token_ids) - 1)
+
+
+@pytest.mark.parametrize("scheduler_class", [ReferenceScheduler, FastScheduler], ids=["reference", "fast"])
+def test_a_proposer_that_answers_too_few_requests_is_an_error(scheduler_class: type) -> None:
+    """Drafts are matched to their requests by position: a proposer that drops one must fail the step, not
+    shift every later request's drafts or leave one undrafted unseen (found missing by the mutation run)."""
+    config = replace(CONFIG, num_blocks=16, speculative=SpeculativeConfig("ngram", 2))
+    scheduler = scheduler_class(config, (), proposer=ShortProposer())
+    scheduler.add(Request("r0", (1, 2, 3), SamplingParams(temperature=0.0, max_tokens=8), seed=0, arrival_index=0))
+    plan = scheduler.schedule()  # the prefill: no drafts yet
+    scheduler.update(plan, {"r0": 4})
+    with pytest.raises(ValueError, match="zip"):
+        scheduler.schedule()  # r0 decodes: the proposer is asked for one request and answers none

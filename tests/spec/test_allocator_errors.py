@@ -46,3 +46,19 @@ def test_a_hit_stops_at_a_colliding_block_even_where_a_later_block_matches(alloc
     first_block = allocator.cached_prefix([1, 2, 0])
     assert len(first_block) == 1 and len(allocator.cached_prefix([1, 2, 5, 6, 0])) == 2
     assert allocator.cached_prefix([1, 2, 7, 8, 5, 6, 0]) == first_block
+
+
+@pytest.mark.parametrize("allocator_class", [BlockAllocator, FastBlockAllocator], ids=["reference", "fast"])
+def test_a_rollback_refuses_a_registered_block_held_once(allocator_class: type) -> None:
+    """Speculative decoding rolls back only the blocks of rejected draft positions, which no request shares
+    and the prefix cache never registered. A registered block held by one request is refused too (found
+    missing by the mutation run: the guard with `and` for `or` let it through, its K/V left cached for a
+    position rolled back); an unregistered one is rolled back."""
+    allocator = allocator_class(8, 2, True)
+    allocator.admit("r", [])
+    assert allocator.allocate_slots("r", 5)
+    allocator.commit_tokens("r", [1, 2, 3], 0, 3)  # the first block is full: registered, held once
+    allocator.truncate("r", 3)  # the third block: unregistered, held once
+    assert len(allocator.block_table("r")) == 2
+    with pytest.raises(RuntimeError, match="rolled back from 'r' is shared or registered"):
+        allocator.truncate("r", 0)
