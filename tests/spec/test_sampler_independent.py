@@ -402,3 +402,19 @@ def test_sampled_tokens_and_logprobs_follow_transformers_logits(engine_name: str
         warnings.warn(f"{engine_name}: near-tie positions excused: {excused}", stacklevel=1)
     distinct = {token for output in outputs for token in output.token_ids}
     assert len(distinct) > 20, "sampling collapsed to a few tokens: the check would not notice a wrong seed"
+
+
+def test_sampler_sizes_and_batches_out_of_range_are_refused() -> None:
+    """The bounds at their edges (found missing by the mutation run, reports/results/mutation/local_2core_f.json):
+    the smallest sampler is one row of a one-token vocabulary; a size of 0 either way, an empty batch and a batch
+    past max_num_seqs are each an error naming the numbers."""
+    one = Sampler(max_num_seqs=1, vocab_size=1, device=FAST_DEVICE)
+    for max_num_seqs, vocab_size in ((0, 10), (10, 0), (0, 0)):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            Sampler(max_num_seqs=max_num_seqs, vocab_size=vocab_size, device=FAST_DEVICE)
+    with pytest.raises(ValueError, match="a batch of 0 rows does not fit"):
+        one.set_sampler_rows([], [])
+    row = one.row(SamplingParams(temperature=0.0), seed=0)
+    with pytest.raises(ValueError, match="a batch of 2 rows does not fit a sampler of max_num_seqs 1"):
+        one.set_sampler_rows([row, row], [0, 0])
+    one.set_sampler_rows([row], [0])  # one row fits
