@@ -19,7 +19,8 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -54,7 +55,7 @@ def small_batch_gemv_enabled(device: torch.device, batch_invariant: bool) -> boo
 class StartupTimings:
     """Seconds each phase of a runner's start-up took (on a GPU each ends synchronised): packing the
     weights, sizing the KV pool (its warm-up forward of a full token budget), capturing the decode
-    graphs and compiling the kernels' remaining variants. Logged at INFO; tests and benches read them."""
+    graphs and compiling the kernels' remaining variants. Logged at INFO; the bench records keep them."""
 
     weights_s: float = 0.0
     pool_s: float = 0.0
@@ -65,6 +66,13 @@ class StartupTimings:
     @property
     def total_s(self) -> float:
         return self.weights_s + self.pool_s + self.graphs_s + self.kernels_s
+
+    @contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        """Adds the seconds of the block to the field `phase` (weights_s, pool_s, graphs_s or kernels_s)."""
+        started = time.perf_counter()
+        yield
+        setattr(self, phase, getattr(self, phase) + time.perf_counter() - started)
 
 
 @dataclass(frozen=True)
@@ -134,9 +142,8 @@ class ModelRunner:
         drafts = settings.speculative.num_speculative_tokens if settings.speculative is not None else 0
         self.max_sample_rows = min(self.max_step_seqs * (1 + drafts), settings.max_num_batched_tokens)
         self.startup = StartupTimings()
-        started = time.perf_counter()
-        packed = self._pack(weights)
-        self.startup.weights_s = time.perf_counter() - started
+        with self.startup.timing("weights_s"):
+            packed = self._pack(weights)
         self.model = FastCausalLM(
             model_config,
             packed,
@@ -158,9 +165,8 @@ class ModelRunner:
             settings.batch_invariant,
             pdl=pdl,
         )
-        started = time.perf_counter()
-        pool_blocks = self._pool_blocks(engine_config, settings)
-        self.startup.pool_s = time.perf_counter() - started
+        with self.startup.timing("pool_s"):
+            pool_blocks = self._pool_blocks(engine_config, settings)
         self.config = device_settings(engine_config, model_config, device, pool_blocks)
         self.cache = self._make_cache(self.config.pool_blocks)
         self.inputs = InputBatch(
@@ -179,14 +185,13 @@ class ModelRunner:
             self._shared_tokens = torch.zeros(self.max_step_seqs, dtype=torch.int64, device=device)
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda" and self.config.enable_cuda_graphs:
-            started = time.perf_counter()
-            self.graphs = DecodeGraphs(self.max_step_seqs)
-            self.graphs.capture(self._load_padding, self._decode_forward, self.attention.graph_contexts)
-            self.startup.graphs_s, self.startup.num_graphs = time.perf_counter() - started, self.graphs.num_graphs
+            with self.startup.timing("graphs_s"):
+                self.graphs = DecodeGraphs(self.max_step_seqs)
+                self.graphs.capture(self._load_padding, self._decode_forward, self.attention.graph_contexts)
+            self.startup.num_graphs = self.graphs.num_graphs
         if device.type == "cuda":
-            started = time.perf_counter()
-            self._compile_kernels()
-            self.startup.kernels_s = time.perf_counter() - started
+            with self.startup.timing("kernels_s"):
+                self._compile_kernels()
         self._log_startup()
         if self.collectives is not None:
             self._check_ranks_agree()
