@@ -241,3 +241,17 @@ def test_programmatic_dependent_launch_by_default_is_off_where_unsupported(tiny_
     with FastEngine(config, state_dict, EngineConfig(block_size=4), torch.float32, "cpu") as engine:
         assert engine.config.programmatic_dependent_launch is False
         assert engine.runner.model.pdl is False
+
+
+def test_start_up_phases_are_timed(tiny_weights) -> None:
+    """ModelRunner.startup (logged at INFO, kept by the bench records): the weights' packing always; CUDA graph
+    capture and the kernels' compilation only on a GPU, where they run (on the CPU their fields stay 0)."""
+    config, state_dict = tiny_weights
+    runner = build_engine("fast", config, state_dict, EngineConfig()).runner
+    timings = runner.startup
+    assert timings.weights_s > 0 and timings.total_s >= timings.weights_s + timings.pool_s
+    if runner.device.type == "cuda":
+        assert timings.num_graphs == runner.graphs.num_graphs > 0
+        assert timings.graphs_s > 0 and timings.kernels_s > 0 and timings.pool_s > 0
+    else:
+        assert (timings.graphs_s, timings.kernels_s, timings.num_graphs) == (0.0, 0.0, 0)

@@ -283,6 +283,8 @@ def test_decode_bs1_record_with_transformers_baseline(tmp_path: Path) -> None:
         )
     engine_phase = reference["phases"][0]
     assert engine_phase["engine_config"]["block_size"] == 16 and engine_phase["engine_config"]["num_blocks"] >= 1
+    # The engine's build time; the reference engine keeps no start-up phases (the fast engine's: test_fast_engine).
+    assert list(engine_phase["start_up"]) == ["build_s"] and _positive(engine_phase["start_up"]["build_s"])
     assert engine_phase["metrics"]["num_full_batch_decode_steps"] == 2 * (expected_tokens - 1)
     assert engine_phase["runs"][0]["num_steps"] >= expected_tokens
     assert hf["phases"][0]["method"] == "generate"
