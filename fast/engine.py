@@ -19,7 +19,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
@@ -77,10 +77,22 @@ class StepTimings:
     ahead_steps: int = 0
     prepared_ahead_steps: int = 0  # steps launched from inputs loaded while the previous step ran
     launched_ahead_steps: int = 0  # steps launched before the previous step's tokens were read
+    # Speculative decoding: verify chunks run, the draft tokens they checked, and how many of those were kept.
+    verify_chunks: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     def reset(self) -> None:
-        self.num_steps, self.schedule_s, self.prepare_s, self.forward_s = 0, 0.0, 0.0, 0.0
-        self.ahead_s, self.ahead_steps, self.prepared_ahead_steps, self.launched_ahead_steps = 0.0, 0, 0, 0
+        for name, value in asdict(StepTimings()).items():
+            setattr(self, name, value)
+
+    def count_verified(self, plan: StepPlan, results: Mapping[str, SampledToken]) -> None:
+        """Add a verify step's chunks: their draft tokens, and the ones kept (a result's `more` tokens)."""
+        for chunk in plan.chunks:
+            if chunk.draft_token_ids and chunk.request_id in results:
+                self.verify_chunks += 1
+                self.draft_tokens += len(chunk.draft_token_ids)
+                self.accepted_draft_tokens += len(results[chunk.request_id].more)
 
 
 class FastEngine(ScheduledEngine):
@@ -295,9 +307,10 @@ class FastEngine(ScheduledEngine):
     def _launch_next_ahead(self, step: _LaunchedStep) -> None:
         """Launch the step whose inputs were just loaded ahead, before `step`'s tokens are read, when it
         can go ahead itself (its requests finish by length only) and `step`'s logits will not be read
-        once it has run (no logprobs asked for: a graph replay rewrites them)."""
+        once it has run: no logprobs asked for and no prompt position scored (a graph replay rewrites the
+        graph's logits buffer, which `step`'s logit rows may be views of)."""
         ahead = self._prepared
-        if ahead is None or any(request.params.logprobs for _, request in step.sampling):
+        if ahead is None or step.scored or any(request.params.logprobs for _, request in step.sampling):
             return
         if not self.scheduler.finishes_by_length_only(chunk.request_id for chunk in ahead.plan.chunks if chunk.samples):
             return
@@ -446,6 +459,7 @@ class FastEngine(ScheduledEngine):
             entries = [entry if count > 0 else None for entry, count in zip(entries, counts, strict=True)]
             stop_token_ids = self.scheduler.stop_token_ids
             results = step_results(step.plan, requests, tokens, entries, lambda r: stop_token_ids(r.request_id))
+            self.step_timings.count_verified(step.plan, results)
         elif not any(counts):  # most steps: no request asks for logprobs
             results = {
                 request.request_id: SampledToken(token, None) for request, token in zip(requests, tokens, strict=True)

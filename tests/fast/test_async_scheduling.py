@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
 from fast.engine import FastEngine
 from reports.bench.workloads import build_workload
@@ -225,3 +226,40 @@ def test_aborting_every_request_of_a_launched_step(tiny_weights) -> None:
     expected = fast_engine(tiny_weights, False).generate([[8, 9]], tokens_only(max_tokens=2))
     assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
     assert engine.scheduler.allocator.num_free_blocks == engine.config.pool_blocks
+
+
+def replay_into_one_buffer(engine: FastEngine) -> None:
+    """Make the runner return each step's logits as a view of one persistent buffer that every launch
+    rewrites, as a CUDA graph's replay rewrites the graph's own output buffer on a GPU: on the CPU, where
+    each eager forward returns a new tensor, a host read of a step's logits after the next step's launch
+    then reads the next step's logits, as it would on a GPU."""
+    runner = engine.runner
+    buffer = torch.empty(runner.inputs.max_num_tokens, runner.model_config.vocab_size)
+    launch = runner.launch
+
+    def launch_into_buffer(prepared, num_shared: int = 0) -> torch.Tensor:
+        logits = launch(prepared, num_shared)
+        rows = buffer[: logits.shape[0]]
+        rows.copy_(logits)
+        return rows
+
+    runner.launch = launch_into_buffer
+
+
+def test_logits_read_after_a_step_are_read_before_the_next_launch(tiny_weights) -> None:
+    """A budget of one token: the last prompt position is scored in a step of its own, with no sampling
+    row, and the step after it (the first output, by length only) could be launched before the scored
+    logits are read. Found by the whole-engine fuzzer on an H200 (reports/results/fuzz/engine_soak_h200/):
+    the next step's graph replay rewrote the logits, and the prompt's last logprob was the next position's.
+    Launching ahead must wait for every logit row the host reads: prompt logprobs as logprobs."""
+    prompts = [[35, 37, 3, 37, 18, 22, 18, 17, 24], [5, 6, 7]]
+    params = [tokens_only(max_tokens=3, prompt_logprobs=0), tokens_only(max_tokens=2, prompt_logprobs=1)]
+    outputs = {}
+    for ahead in (False, True):
+        engine = fast_engine(tiny_weights, ahead, max_num_batched_tokens=1)
+        replay_into_one_buffer(engine)
+        outputs[ahead] = engine.generate(prompts, params)
+    scored = [len(output.prompt_logprobs) for output in outputs[True]]
+    assert scored == [len(prompt) for prompt in prompts]
+    assert outputs[True] == outputs[False]
+    assert engine.step_timings.launched_ahead_steps > 0  # the output steps still go ahead of each other

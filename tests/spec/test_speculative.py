@@ -51,7 +51,14 @@ def run_both(name, tiny_weights, prompts, params, k=4, planted=True, **settings)
     if planted:
         engine.scheduler.proposer = PlantedDrafts(plain, tiny_weights[0].vocab_size)
     log, plans = spy_verifies(engine), record_plans(engine)
-    return engine.generate(prompts, params), plain, log, plans
+    outputs = engine.generate(prompts, params)
+    timings = getattr(engine, "step_timings", None)
+    if timings is not None:  # the fast engine counts what the bench records report as acceptance
+        drafted = sum(num_drafted for num_drafted, _ in log.verifies)
+        kept = sum(appended - 1 for _, appended in log.verifies)  # the draft tokens kept before the model's own
+        counted = (timings.verify_chunks, timings.draft_tokens, timings.accepted_draft_tokens)
+        assert counted == (len(log.verifies), drafted, kept), log.verifies
+    return outputs, plain, log, plans
 
 
 # -- the rule ------------------------------------------------------------------------------------
