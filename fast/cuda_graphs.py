@@ -1,5 +1,6 @@
 """CUDA graphs of the decode step, one per batch size and decode context, replayed instead of launching
-each kernel.
+each kernel; and, with speculative decoding, of the verify step, one per batch size, every sequence's
+chunk padded to 1 + K tokens (fast.model_runner.load_step, fast.input_batch.InputBatch.load).
 
 Sizes: 1, 2, 4, 8, then every 8 up to the largest decode batch (max_num_seqs, or the token
 budget if smaller), that largest size included even when it is not a multiple of 8. At each size, one
@@ -41,7 +42,9 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, max_batch: int) -> None:
+    def __init__(self, max_batch: int, query_len: int = 1) -> None:
+        """query_len: tokens per sequence of every captured step (1: decode steps; 1 + K: verify steps of
+        speculative decoding, fast.model_runner.load_step)."""
         if max_batch > MAX_GRAPH_BATCH:
             raise ConfigError(
                 f"CUDA graphs are captured for decode batches of up to {MAX_GRAPH_BATCH} requests, but max_num_seqs "
@@ -49,6 +52,7 @@ class DecodeGraphs:
                 "(enable_cuda_graphs=False, --no-cuda-graphs)"
             )
         self.sizes = graph_batch_sizes(max_batch)
+        self.query_len = query_len
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # by (batch size, context)
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}
 

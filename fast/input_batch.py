@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+import triton
 
 from fast.row_upload import RowUpload
 
@@ -117,6 +118,7 @@ class InputBatch:
         self._pending_taken = torch.zeros(max_num_seqs, dtype=torch.int64, device=device)  # gathered tokens
         self._num_pending = 0  # pending token rows of the step loaded last
         self._packed_words = 0  # words of the step loaded last (its packed section)
+        self._padded_chunks = False  # whether the step loaded last padded its chunks (a verify graph's shape)
 
     @property
     def host(self) -> torch.Tensor:
@@ -159,9 +161,15 @@ class InputBatch:
             pairs = self._host_view[self._packed_words : self._packed_words + 2 * num_pending].tolist()
             self.set_pending_tokens(pairs[:num_pending], source, pairs[num_pending:])
 
-    def load(self, sequences: Sequence[SequenceInput], pad_to: int | None = None) -> StepShape:
+    def load(
+        self, sequences: Sequence[SequenceInput], pad_to: int | None = None, query_len: int | None = None
+    ) -> StepShape:
         """Fill the buffers for these sequences; with pad_to, append decode padding rows up to that many
-        sequences (token 0 at position 0, slot -1, seq_len 1, block table -> the padding block)."""
+        sequences (token 0 at position 0, slot -1, seq_len 1, block table -> the padding block). With
+        query_len, every chunk is padded to query_len tokens instead (`_load_padded_chunks`)."""
+        if query_len is not None:
+            return self._load_padded_chunks(sequences, pad_to if pad_to is not None else len(sequences), query_len)
+        self._padded_chunks = False
         num_real = len(sequences)
         num_seqs = pad_to if pad_to is not None else num_real
         # Per-sequence counts through map and the fields' getters (no Python frame per sequence: at 256
@@ -219,6 +227,58 @@ class InputBatch:
             num_tokens, num_seqs, num_logits, longest_query, longest_query == 1, int(seq_lens.max(initial=1))
         )
 
+    def _load_padded_chunks(self, sequences: Sequence[SequenceInput], num_seqs: int, query_len: int) -> StepShape:
+        """The fixed shape of a verify graph (fast.cuda_graphs.load_step): num_seqs chunks of query_len
+        tokens each, T = num_seqs * query_len, and T logit rows.
+
+        A chunk's padding tokens (token 0) follow its real ones at the next positions, with slot -1 so
+        nothing is stored; its seq_len counts them, so each real row keeps its own position and causal
+        mask, while a padding row attends to whatever the next key slots hold (its logits are never
+        read; block-table columns past the chunk's own blocks are the padding block). Padding sequences
+        after the real ones: query_len tokens at positions 0.., slot -1, over the padding block. Logit
+        rows: the real ones in order, then row 0 up to T (the graph gathers a fixed count).
+
+        Worked example, block_size 4, query_len 3: A verifies [9, 5] at positions 6, 7 (table [7, 2]),
+        padded to 2 sequences: T = 6, logit rows of A at chunk offsets 0, 1:
+            tokens 9 5 0 0 0 0;  positions 6 7 8 0 1 2;  slots 10 11 -1 -1 -1 -1
+            seq_lens [9, 3];  cu_seqlens_q [0, 3, 6];  logit rows 0 1 0 0 0 0
+        """
+        num_real = len(sequences)
+        num_tokens = num_seqs * query_len
+        block_size = self.block_size
+        if num_real > num_seqs or any(len(seq.token_ids) > query_len for seq in sequences):
+            raise ValueError(f"{num_real} chunks do not fit {num_seqs} padded chunks of {query_len} tokens")
+        # Columns for every padded position's block, and every table.
+        ends = [triton.cdiv(seq.start + query_len, block_size) for seq in sequences]
+        width = max([triton.cdiv(query_len, block_size), *ends, *map(len, map(_BLOCK_TABLE, sequences))])
+        self._check_fits(num_tokens, num_seqs, width)
+        self.wait_for_upload()
+        self.table_width = width
+        self._padded_chunks = True
+        tokens, positions, slots, logits, seq_lens, cu_seqlens, tables = self._sections(
+            self._host_view, num_tokens, num_tokens, num_seqs, width
+        )
+        tables[:] = self.padding_block
+        tokens[:], slots[:], logits[:] = 0, -1, 0
+        positions[:] = np.tile(np.arange(query_len, dtype=np.int32), num_seqs)
+        seq_lens[:] = query_len
+        cu_seqlens[:] = np.arange(0, num_tokens + 1, query_len, dtype=np.int32)
+        logit_cursor = 0
+        for index, seq in enumerate(sequences):
+            row, length = index * query_len, len(seq.token_ids)
+            tokens[row : row + length] = seq.token_ids
+            positions[row : row + query_len] += seq.start
+            table = np.asarray(seq.block_table, dtype=np.int32)
+            real_positions = positions[row : row + length]
+            slots[row : row + length] = table[real_positions // block_size] * block_size + real_positions % block_size
+            tables[index, : len(table)] = table
+            seq_lens[index] = seq.start + query_len
+            for offset in seq.logit_offsets:
+                logits[logit_cursor] = row + offset
+                logit_cursor += 1
+        self._upload(num_tokens, num_tokens, num_seqs, width)
+        return StepShape(num_tokens, num_seqs, num_tokens, query_len, False, int(seq_lens.max(initial=1)))
+
     def set_pending_tokens(self, token_rows: Sequence[int], source: torch.Tensor, source_rows: Sequence[int]) -> None:
         """After `load`: token_ids[token_rows[i]] = source[source_rows[i]], queued on the device.
 
@@ -230,6 +290,8 @@ class InputBatch:
         self._num_pending = count
         if count == 0:
             return
+        if self._padded_chunks:  # token rows count a step's real tokens back to back; padded chunks move them
+            raise ValueError("pending tokens for a step loaded with padded chunks")
         if count > self.max_num_seqs or len(source_rows) != count:
             raise ValueError(f"{count} pending token rows for {len(source_rows)} sources (at most {self.max_num_seqs})")
         if source.dtype != self.token_ids.dtype:

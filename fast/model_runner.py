@@ -77,12 +77,58 @@ class StartupTimings:
 
 @dataclass(frozen=True)
 class PreparedStep:
-    """A step whose inputs `ModelRunner.prepare` loaded: its shape, the CUDA-graph batch size it replays
-    (0: an eager forward pass) and its number of real sequences (the logit rows returned)."""
+    """A step whose inputs `load_step` loaded: its shape, the CUDA-graph batch size it replays (0: an
+    eager forward pass), the logit rows it returns, and whether its graph is a verify graph."""
 
     shape: StepShape
     graph_size: int
-    num_sequences: int
+    num_rows: int
+    verify: bool = False
+
+
+# Verify graphs (speculative decoding) are captured for steps of up to this many sequences. Every chunk of
+# such a step is padded to 1 + K tokens, so a plain decode row costs K more rows there: worth it in
+# small steps, where launching each kernel costs more than the rows (an eager verify step took about 9 ms
+# at qwen3-0.6b's shape on an H200 against 0.94 ms for a graph-replayed decode step:
+# reports/results/bench/final_session3/); the acceptance gate keeps large steps (32 decoding requests,
+# spec.speculative.AcceptanceGate) from proposing anyway.
+MAX_VERIFY_GRAPH_BATCH = 32
+
+
+def verify_graph_batch(max_step_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int) -> int:
+    """The largest verify graph's batch size (0: none): every sequence of it brings 1 + K tokens."""
+    if num_speculative_tokens < 1:
+        return 0
+    return min(max_step_seqs, MAX_VERIFY_GRAPH_BATCH, max_num_batched_tokens // (1 + num_speculative_tokens))
+
+
+def load_step(
+    inputs: InputBatch,
+    sequences: list[SequenceInput],
+    decode_graphs: DecodeGraphs | None,
+    verify_graphs: DecodeGraphs | None = None,
+) -> PreparedStep:
+    """Load a step's inputs into `inputs`, padded to the CUDA graph it will replay, if one fits:
+    - a decode step (one token and one logit row per sequence) of at most decode_graphs' largest size:
+      padding sequences up to the next captured size;
+    - else a step whose every chunk has at most 1 + K tokens (verify chunks of speculative decoding,
+      decode rows beside them, short prompts) and whose padded chunks stay within max_model_len, of
+      at most verify_graphs' largest size: every chunk padded to 1 + K tokens and padding sequences
+      up to the next captured size (InputBatch.load with query_len).
+    Otherwise the step runs eagerly, unpadded."""
+    is_decode = all(len(s.token_ids) == 1 and len(s.logit_offsets) == 1 for s in sequences)
+    if decode_graphs is not None and is_decode and len(sequences) <= decode_graphs.max_batch:
+        size = decode_graphs.size_for(len(sequences))
+        return PreparedStep(inputs.load(sequences, pad_to=size), size, len(sequences))
+    if verify_graphs is not None and len(sequences) <= verify_graphs.max_batch:
+        query_len = verify_graphs.query_len
+        longest = inputs.max_blocks_per_seq * inputs.block_size
+        if all(len(s.token_ids) <= query_len and s.start + query_len <= longest for s in sequences):
+            size = verify_graphs.size_for(len(sequences))
+            num_rows = sum(len(s.logit_offsets) for s in sequences)
+            return PreparedStep(inputs.load(sequences, pad_to=size, query_len=query_len), size, num_rows, True)
+    shape = inputs.load(sequences)
+    return PreparedStep(shape, 0, shape.num_logit_rows)
 
 
 # The fast engine's batch settings where EngineConfig leaves them None. On CUDA: the settings measured
@@ -184,11 +230,22 @@ class ModelRunner:
         if groups is not None:
             self._shared_tokens = torch.zeros(self.max_step_seqs, dtype=torch.int64, device=device)
         self.graphs: DecodeGraphs | None = None
+        # Verify steps' graphs (speculative decoding), on one device only: the other ranks of a
+        # tensor-parallel group replay what rank 0 names by batch size, which would not tell the two apart.
+        self.verify_graphs: DecodeGraphs | None = None
         if device.type == "cuda" and self.config.enable_cuda_graphs:
             with self.startup.timing("graphs_s"):
                 self.graphs = DecodeGraphs(self.max_step_seqs)
                 self.graphs.capture(self._load_padding, self._decode_forward, self.attention.graph_contexts)
-            self.startup.num_graphs = self.graphs.num_graphs
+                verify_batch = verify_graph_batch(self.max_step_seqs, settings.max_num_batched_tokens, drafts)
+                if verify_batch and groups is None:
+                    self.verify_graphs = DecodeGraphs(verify_batch, query_len=1 + drafts)
+                    self.verify_graphs.capture(
+                        self._load_verify_padding, self._verify_forward, lambda size: (settings.model_len,)
+                    )
+            self.startup.num_graphs = self.graphs.num_graphs + (
+                self.verify_graphs.num_graphs if self.verify_graphs is not None else 0
+            )
         if device.type == "cuda":
             with self.startup.timing("kernels_s"):
                 self._compile_kernels()
@@ -231,11 +288,7 @@ class ModelRunner:
     def prepare(self, sequences: list[SequenceInput]) -> PreparedStep:
         """Load the step's inputs into the device buffers (queued); `launch` runs it. Between the two,
         the inputs may be completed on the device (InputBatch.set_pending_tokens)."""
-        is_decode = all(len(s.token_ids) == 1 and len(s.logit_offsets) == 1 for s in sequences)
-        if self.graphs is not None and is_decode and len(sequences) <= self.graphs.max_batch:
-            size = self.graphs.size_for(len(sequences))
-            return PreparedStep(self.inputs.load(sequences, pad_to=size), size, len(sequences))
-        return PreparedStep(self.inputs.load(sequences), 0, len(sequences))
+        return load_step(self.inputs, sequences, self.graphs, self.verify_graphs)
 
     def launch(self, prepared: PreparedStep, num_shared: int = 0) -> torch.Tensor:
         """The forward pass of the step `prepare` loaded last (a graph replay for graph-sized decode steps).
@@ -243,9 +296,13 @@ class ModelRunner:
         step (the other ranks wait for them once they have run it)."""
         if self.channel is not None:
             self._send_step(prepared.shape, prepared.graph_size, num_shared)
-        if prepared.graph_size:
-            return self._replay(prepared.graph_size, prepared.shape.max_seq_len)[: prepared.num_sequences]
-        return self._forward(prepared.shape)
+        if prepared.verify:
+            logits = self.verify_graphs.replay(prepared.graph_size, self.config.model_len)
+        elif prepared.graph_size:
+            logits = self._replay(prepared.graph_size, prepared.shape.max_seq_len)
+        else:
+            logits = self._forward(prepared.shape)
+        return logits[: prepared.num_rows]
 
     def _replay(self, size: int, max_seq_len: int) -> torch.Tensor:
         """The decode graph of this batch size for a step whose longest sequence has max_seq_len keys."""
@@ -366,6 +423,16 @@ class ModelRunner:
             self.cache,
             None,
         )
+
+    def _load_verify_padding(self, size: int) -> None:
+        self.inputs.load([], pad_to=size, query_len=self.verify_graphs.query_len)
+
+    def _verify_forward(self, size: int, context: int) -> torch.Tensor:
+        """The forward of `size` padded chunks of 1 + K tokens, logits for all of their rows (the real ones
+        first: InputBatch._load_padded_chunks). Its attention is the prefill kernel's, whose grid depends
+        on the sizes alone (context is max_model_len, unused)."""
+        num_tokens = size * self.verify_graphs.query_len
+        return self._forward(StepShape(num_tokens, size, num_tokens, self.verify_graphs.query_len, False, context))
 
     @torch.inference_mode()
     def _compile_kernels(self) -> None:

@@ -53,7 +53,7 @@ import torch
 from fast.cuda_graphs import DecodeGraphs
 from fast.engine import FastEngine
 from fast.input_batch import InputBatch, SequenceInput
-from fast.model_runner import PreparedStep, device_settings
+from fast.model_runner import PreparedStep, device_settings, load_step, verify_graph_batch
 from fast.sampler import Sampler
 from reports.bench.device import REPOSITORY_ROOT, git_commit, git_has_uncommitted_changes
 from reports.bench.harness import json_saver
@@ -108,6 +108,10 @@ class StubRunner:
         )
         # Only the batch sizes: nothing is captured, but decode steps are padded as with graphs on.
         self.graphs = DecodeGraphs(self.max_step_seqs) if config.enable_cuda_graphs else None
+        verify_batch = verify_graph_batch(self.max_step_seqs, config.max_num_batched_tokens, drafts)
+        self.verify_graphs = (
+            DecodeGraphs(verify_batch, query_len=1 + drafts) if config.enable_cuda_graphs and verify_batch else None
+        )
         # Every row a step can ask logits for (prompt-logprob rows included), zero: sampling costs nothing.
         self._logits = torch.zeros((config.max_num_batched_tokens, vocab_size), dtype=torch.float32)
         self.input_digest: StepDigest | None = None  # set by the digest run only (hashing costs host time)
@@ -120,19 +124,14 @@ class StubRunner:
     def prepare(self, sequences: list[SequenceInput]) -> PreparedStep:
         """ModelRunner.prepare's host work: packing the inputs, decode steps padded to a graph size."""
         self._loaded = sequences
-        is_decode = all(len(s.token_ids) == 1 and len(s.logit_offsets) == 1 for s in sequences)
-        if self.graphs is not None and is_decode and len(sequences) <= self.graphs.max_batch:
-            size = self.graphs.size_for(len(sequences))
-            return PreparedStep(self.inputs.load(sequences, pad_to=size), size, len(sequences))
-        return PreparedStep(self.inputs.load(sequences), 0, len(sequences))
+        return load_step(self.inputs, sequences, self.graphs, self.verify_graphs)
 
     def launch(self, prepared: PreparedStep, num_shared: int = 0) -> torch.Tensor:
         """Zero logits for the step `prepare` loaded (the digest run hashes its inputs here, once any token
         loaded as pending has been filled in on the "device" by InputBatch.set_pending_tokens)."""
         if self.input_digest is not None:
             self.input_digest.add_inputs(self._filled_in(self._loaded))
-        rows = prepared.num_sequences if prepared.graph_size else prepared.shape.num_logit_rows
-        return self._logits[:rows]
+        return self._logits[: prepared.num_rows]
 
     def _filled_in(self, sequences: list[SequenceInput]) -> list[SequenceInput]:
         filled, cursor = [], 0

@@ -424,7 +424,7 @@ def serving_app(settings: LoadSettings, engine_config, mode: str):
 def engine_config_for(settings: LoadSettings, requests: Sequence[LoadRequest]):
     """The settings given, and nothing else where the engine sizes itself (the fast engine on CUDA);
     elsewhere what was not given is sized so that all clients run at once (batch limit and pool)."""
-    from reports.bench.runners import WARMUP_MAX_TOKENS, WARMUP_PROMPT
+    from reports.bench.workloads import WARMUP_MAX_TOKENS, WARMUP_PROMPT
     from spec.engine_config import DEFAULT_NUM_BLOCKS, SMALL_BATCHES, EngineConfig
     from twinfer.registry import engine_entry
 
