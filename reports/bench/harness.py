@@ -45,7 +45,7 @@ from reports.bench.workloads import (
     Workload,
     build_workload,
 )
-from spec.checkpoint import parse_dtype
+from spec.checkpoint import load_model_config, load_state_dict, parse_dtype
 from spec.engine import Engine
 from spec.engine_config import DEFAULT_NUM_BLOCKS, SMALL_BATCHES, EngineConfig
 from spec.errors import ConfigError
@@ -61,6 +61,8 @@ WORKLOAD_SUMMARIES = {
     "decode-sweep": "batch sizes 1, 8, 32, 128, 256 of 1024-token prompts, 128 tokens each: TPOT per batch size",
     "prefix-shared": "64 requests sharing a 2048-token prefix, prefix caching on and off",
     "long-context": "8 requests with 16,384-token prompts, 256 tokens each: prefill tokens/s and TPOT",
+    "decode-bs1-edit": "one request whose output can repeat its prompt (a source file, then its start again), "
+    "256 greedy tokens: time per output token (speculative decoding's workload)",
 }
 if set(WORKLOAD_SUMMARIES) != set(WORKLOADS):  # a workload added to one table but not the other
     raise ImportError("WORKLOAD_SUMMARIES must name exactly the workloads of reports.bench.workloads")
@@ -84,6 +86,8 @@ class BenchSettings:
     engine_settings: dict[str, object] = field(default_factory=dict)  # EngineConfig fields given
     hf_attn_implementation: str = "sdpa"
     hf_continuous_batching: ContinuousBatchingSettings = ContinuousBatchingSettings()
+    hf_prompt_lookup_num_tokens: int | None = None  # transformers' assisted generation by prompt lookup
+    model: Path | None = None  # a checkpoint whose weights run instead of the shape's random ones
     progress: bool = True
     commit: str | None = None
     profile: bool = False  # one extra, untimed run of each engine phase under torch.profiler
@@ -95,6 +99,12 @@ class BenchSettings:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES), help="model shape (random weights)")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="a checkpoint directory (Hugging Face layout) to run instead of --shape's random weights, e.g. the "
+        "shipped model twinfer/models/stdlib-tiny; transformers loads the same checkpoint",
+    )
     parser.add_argument(
         "--rank-share",
         type=int,
@@ -144,6 +154,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--hf-num-blocks", type=int, help="continuous batching's num_blocks (default: transformers sizes it)"
     )
     hf.add_argument("--hf-max-batch-tokens", type=int, help="continuous batching's max_batch_tokens")
+    hf.add_argument(
+        "--hf-prompt-lookup",
+        type=int,
+        metavar="K",
+        help="generate with assisted generation by prompt lookup (prompt_lookup_num_tokens=K): transformers' "
+        "counterpart of --speculative-method ngram (batch-1 workloads)",
+    )
     add_engine_arguments(parser)
 
 
@@ -154,13 +171,21 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         raise ConfigError(f"--baseline {args.baseline} is the engine benchmarked already")
     if args.repeats < 1:
         raise ConfigError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.hf_prompt_lookup is not None and args.hf_prompt_lookup < 1:
+        raise ConfigError(f"--hf-prompt-lookup must be at least 1, got {args.hf_prompt_lookup}")
     engine_settings = given_engine_settings(args)
     EngineConfig(**engine_settings)  # reject bad settings before anything is built
+    if args.model is not None:
+        if args.rank_share != 1:
+            raise ConfigError("--rank-share applies to --shape's random weights, not to --model")
+        shape = ModelShape.of_checkpoint(args.model.name, load_model_config(args.model))
+    else:
+        shape = rank_share(SHAPES[args.shape], args.rank_share)
     if engine != HF:
         engine_class(engine, device)  # fails now, not after the baseline ran, if it cannot run here
     return BenchSettings(
         workload=build_workload(args.workload, args.scale),
-        shape=rank_share(SHAPES[args.shape], args.rank_share),
+        shape=shape,
         engine=engine,
         baseline=args.baseline,
         dtype=parse_dtype(args.dtype),
@@ -172,6 +197,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         hf_continuous_batching=ContinuousBatchingSettings(
             args.hf_num_blocks, args.hf_max_batch_tokens, args.hf_cuda_graph
         ),
+        hf_prompt_lookup_num_tokens=args.hf_prompt_lookup,
+        model=args.model,
         progress=not args.no_progress,
         commit=args.commit,
         profile=args.profile,
@@ -215,6 +242,7 @@ def run_benchmark(
         "record": "twinfer bench",
         "workload": workload.record(),
         "shape": shape.record(),
+        "model": None if settings.model is None else str(settings.model),
         "dtype": str(settings.dtype).removeprefix("torch."),
         "environment": environment(settings.device, settings.commit),
         "ceilings": ceilings,
@@ -236,11 +264,22 @@ def run_benchmark(
 
 
 def build_random_engine(
-    name: str, shape: ModelShape, config: EngineConfig, dtype: torch.dtype, device: torch.device, weight_seed: int
+    name: str,
+    shape: ModelShape,
+    config: EngineConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    weight_seed: int,
+    model: Path | None = None,
 ) -> Engine:
-    """Engine `name` over the shape's random weights, drawn on the device (random_state_dict)."""
-    model_config = shape.model_config()
-    state_dict = random_state_dict(model_config, dtype, device, weight_seed)
+    """Engine `name` over the shape's random weights, drawn on the device (random_state_dict), or over the
+    checkpoint `model`'s weights."""
+    if model is not None:
+        model_config = load_model_config(model)
+        state_dict = load_state_dict(model, model_config, dtype, device)
+    else:
+        model_config = shape.model_config()
+        state_dict = random_state_dict(model_config, dtype, device, weight_seed)
     engine = engine_class(name, device)(model_config, state_dict, config, dtype, device)
     del state_dict  # the engine holds what it needs; what it does not is freed
     return engine
@@ -253,7 +292,7 @@ def run_engine(name: str, settings: BenchSettings) -> dict[str, object]:
         engine_config = bench_engine_config(name, settings, phase)
         built = time.perf_counter()
         engine = build_random_engine(
-            name, settings.shape, engine_config, settings.dtype, settings.device, settings.weight_seed
+            name, settings.shape, engine_config, settings.dtype, settings.device, settings.weight_seed, settings.model
         )
         start_up = {"build_s": time.perf_counter() - built} | _runner_startup(engine)
         warm_up_engine(engine)
@@ -338,8 +377,14 @@ def prefix_caching_comparison(workload: Workload, runs_by_label: dict[str, list[
 
 def run_hf(settings: BenchSettings) -> dict[str, object]:
     model = build_hf_model(
-        settings.shape, settings.dtype, settings.device, settings.weight_seed, settings.hf_attn_implementation
+        settings.shape,
+        settings.dtype,
+        settings.device,
+        settings.weight_seed,
+        settings.hf_attn_implementation,
+        settings.model,
     )
+    lookup = settings.hf_prompt_lookup_num_tokens
     continuous_batching = _hf_continuous_batching_settings(settings)
     phases = []
     for phase in settings.workload.phases:
@@ -347,7 +392,7 @@ def run_hf(settings: BenchSettings) -> dict[str, object]:
             continue
         if phase.hf_method == GENERATE:
             warm_up_hf_generate(model)
-            runs = [run_hf_generate(model, phase, settings.progress) for _ in range(settings.runs_per_phase)]
+            runs = [run_hf_generate(model, phase, settings.progress, lookup) for _ in range(settings.runs_per_phase)]
         else:
             runs = [
                 run_hf_continuous_batching(model, phase, continuous_batching, settings.progress)
@@ -367,6 +412,7 @@ def run_hf(settings: BenchSettings) -> dict[str, object]:
         "engine": HF,
         "transformers_settings": {
             "attn_implementation": settings.hf_attn_implementation,
+            "prompt_lookup_num_tokens": lookup,
             "continuous_batching_given": continuous_batching.given(),
         },
         "phases": phases,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from reports.bench.workloads import WARMUP_MAX_TOKENS, WARMUP_PROMPT, Phase
+from reports.bench.workloads import WARMUP_MAX_TOKENS, Phase, warmup_prompt
 from spec.engine import Engine
 from spec.sampling_params import SamplingParams
 
@@ -77,7 +77,8 @@ def sampling_params(phase: Phase, max_tokens: int) -> SamplingParams:
 def warm_up_engine(engine: Engine) -> None:
     """One short request through prefill and decode (kernels compiled, graphs and caches warm)."""
     engine.generate(
-        [list(WARMUP_PROMPT)], SamplingParams(temperature=0.0, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True)
+        [list(warmup_prompt(engine.model_config.vocab_size))],
+        SamplingParams(temperature=0.0, max_tokens=WARMUP_MAX_TOKENS, ignore_eos=True),
     )
 
 
@@ -200,20 +201,27 @@ class _TokenClock:
         if not self._prompt_seen:
             self._prompt_seen = True
             return
-        self.times.append(time.perf_counter())
-        self._bar.update(1)
+        # A step of plain decoding hands [batch] tokens, one per sequence; a step of assisted generation
+        # (prompt lookup, batch 1) hands [1, n]: the n tokens it accepted, which exist from this moment.
+        count = value.shape[-1] if value.dim() == 2 else 1
+        now = time.perf_counter()
+        self.times.extend([now] * count)
+        self._bar.update(count)
 
     def end(self) -> None:
         pass
 
 
 def warm_up_hf_generate(model: torch.nn.Module) -> None:
-    _generate(model, [WARMUP_PROMPT], WARMUP_MAX_TOKENS, 0.0, streamer=None)
+    _generate(model, [warmup_prompt(model.config.vocab_size)], WARMUP_MAX_TOKENS, 0.0, streamer=None)
 
 
-def run_hf_generate(model: torch.nn.Module, phase: Phase, progress: bool) -> PhaseRun:
+def run_hf_generate(
+    model: torch.nn.Module, phase: Phase, progress: bool, prompt_lookup_num_tokens: int | None = None
+) -> PhaseRun:
     """The whole phase as one batch through model.generate (its prompts must have one length and
-    one max_tokens, so no padding is involved)."""
+    one max_tokens, so no padding is involved). prompt_lookup_num_tokens: transformers' assisted
+    generation by prompt lookup, drafts of that many tokens (batch 1 only)."""
     lengths = {len(request.prompt_token_ids) for request in phase.requests}
     max_tokens = {request.max_tokens for request in phase.requests}
     if len(lengths) != 1 or len(max_tokens) != 1:
@@ -222,7 +230,8 @@ def run_hf_generate(model: torch.nn.Module, phase: Phase, progress: bool) -> Pha
     with tqdm(total=tokens, desc=f"transformers {phase.label}", unit="step", disable=not progress, leave=False) as bar:
         clock = _TokenClock(bar)
         start = time.perf_counter()
-        output = _generate(model, [r.prompt_token_ids for r in phase.requests], tokens, phase.temperature, clock)
+        prompts = [r.prompt_token_ids for r in phase.requests]
+        output = _generate(model, prompts, tokens, phase.temperature, clock, prompt_lookup_num_tokens)
         _synchronize(model)
         end = time.perf_counter()
     generated = output[:, lengths.pop() :].tolist()
@@ -236,7 +245,12 @@ def run_hf_generate(model: torch.nn.Module, phase: Phase, progress: bool) -> Pha
 
 @torch.inference_mode()
 def _generate(
-    model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_tokens: int, temperature: float, streamer: object
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    temperature: float,
+    streamer: object,
+    prompt_lookup_num_tokens: int | None = None,
 ) -> torch.Tensor:
     from transformers import GenerationConfig
 
@@ -247,6 +261,7 @@ def _generate(
         min_new_tokens=max_tokens,
         eos_token_id=None,  # ignore_eos
         pad_token_id=0,
+        prompt_lookup_num_tokens=prompt_lookup_num_tokens,
         **_hf_sampling(temperature),
     )
     return model.generate(
@@ -291,7 +306,8 @@ def run_hf_continuous_batching(
     with model.continuous_batching_context_manager(
         generation_config=generation_config, block=True, timeout=30, **manager_kwargs
     ) as manager:
-        manager.add_request(list(WARMUP_PROMPT), request_id="warm-up", max_new_tokens=WARMUP_MAX_TOKENS)
+        warmup = list(warmup_prompt(model.config.vocab_size))
+        manager.add_request(warmup, request_id="warm-up", max_new_tokens=WARMUP_MAX_TOKENS)
         _collect_results(manager, {"warm-up"}, bar=None)
         bar = tqdm(
             total=len(phase.requests),

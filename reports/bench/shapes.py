@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from types import MappingProxyType
 
 import torch
@@ -63,6 +64,24 @@ class ModelShape:
             "attention_bias": False,
             "torch_dtype": "bfloat16",
         }
+
+    @classmethod
+    def of_checkpoint(cls, name: str, config: ModelConfig) -> ModelShape:
+        """The shape of a checkpoint's model (its config.json, read by spec.checkpoint.load_model_config)."""
+        return cls(
+            name,
+            config.vocab_size,
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.tie_word_embeddings,
+            config.rope_theta,
+            config.rms_norm_eps,
+            config.max_position_embeddings,
+        )
 
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_dict(self.config_dict())
@@ -151,10 +170,20 @@ def random_state_dict(
 
 
 def build_hf_model(
-    shape: ModelShape, dtype: torch.dtype, device: torch.device, seed: int, attn_implementation: str
+    shape: ModelShape,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    attn_implementation: str,
+    checkpoint: Path | None = None,
 ) -> torch.nn.Module:
-    """The transformers model of `shape`, built on `device`, holding the weights of random_state_dict(seed)."""
+    """The transformers model of `shape`, built on `device`, holding the weights of random_state_dict(seed);
+    or, given a checkpoint directory, transformers' own loading of it."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    if checkpoint is not None:
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype, attn_implementation=attn_implementation)
+        return model.to(device).eval()
 
     fields = {key: value for key, value in shape.config_dict().items() if key not in ("architectures", "model_type")}
     config = AutoConfig.for_model("qwen3", **fields)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 
 from spec.errors import ConfigError
@@ -25,6 +26,13 @@ CONTINUOUS_BATCHING = "continuous_batching"  # transformers' continuous batching
 # above the workloads' (0 to 10000), so its blocks never serve a workload prompt from the cache.
 WARMUP_PROMPT = tuple(range(10_001, 10_017))
 WARMUP_MAX_TOKENS = 8
+
+
+def warmup_prompt(vocab_size: int) -> tuple[int, ...]:
+    """WARMUP_PROMPT, or for a vocabulary too small to hold it (the shipped model's 4,096) its last 16 ids."""
+    if vocab_size > WARMUP_PROMPT[-1]:
+        return WARMUP_PROMPT
+    return tuple(range(vocab_size - len(WARMUP_PROMPT), vocab_size))
 
 
 @dataclass(frozen=True)
@@ -200,10 +208,44 @@ def long_context(scale: float) -> Workload:
     )
 
 
+# The file decode-bs1-edit's prompt holds, then begins again and cuts off after EDIT_CUT characters (mid-line,
+# where an editor's cursor might be): a model that continues the file repeats what it has read.
+EDIT_SOURCE = Path(__file__).resolve().parent / "data" / "edit_source.py.txt"
+EDIT_CUT = 400
+
+
+def edit_prompt_ids() -> tuple[int, ...]:
+    """decode-bs1-edit's prompt: EDIT_SOURCE, a newline and its first EDIT_CUT characters again, in the shipped
+    model's tokens (twinfer.default_model; the ids are the workload whatever model runs it)."""
+    from twinfer.default_model import default_model
+    from twinfer.llm import load_tokenizer
+
+    source = EDIT_SOURCE.read_text()
+    text = source + "\n" + source[:EDIT_CUT]
+    return tuple(load_tokenizer(default_model()).encode(text, add_special_tokens=False))
+
+
+def decode_bs1_edit(scale: float) -> Workload:
+    ids = edit_prompt_ids()
+    request = BenchRequest(ids[-scaled(len(ids), scale) :], scaled(256, scale, minimum=2))
+    return Workload(
+        name="decode-bs1-edit",
+        definition="not in benchmarks.md (speculative decoding's workload): one request whose output can repeat "
+        "its prompt: the shipped model's tokens of reports/bench/data/edit_source.py.txt (a 63-line Python "
+        "module), a newline and the module's first 400 characters again (707 ids); 256 output tokens, greedy, "
+        "ignore_eos",
+        metric="time per output token after the first (TPOT), and its inverse; median of the runs",
+        phases=(Phase("batch-1", (request,), temperature=0.0, hf_method=GENERATE),),
+        scale=scale,
+        latency=True,
+    )
+
+
 WORKLOADS: Mapping[str, Callable[[float], Workload]] = MappingProxyType(
     {
         "offline-256": offline_256,
         "decode-bs1": decode_bs1,
+        "decode-bs1-edit": decode_bs1_edit,
         "decode-sweep": decode_sweep,
         "prefix-shared": prefix_shared,
         "long-context": long_context,
