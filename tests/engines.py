@@ -81,3 +81,24 @@ def engine_config_on(engine_config: EngineConfig | None, device: str | torch.dev
     if torch.device(device).type == "cuda" and config.num_blocks is None:
         return replace(config, num_blocks=DEFAULT_NUM_BLOCKS)
     return config
+
+
+def logits_in_one_buffer(engine: Engine) -> None:
+    """Make a fast engine's runner return each step's logits as a view of one persistent buffer that every
+    launch rewrites, as a CUDA graph's replay rewrites the graph's own output buffer on a GPU. On the CPU,
+    where each eager forward returns a new tensor, a host read of a step's logits after the next step's
+    launch then reads the next step's logits, as it would on a GPU (a stricter model: on a GPU only
+    graph-replayed steps share a buffer). Nothing on CUDA, where the graphs are real."""
+    runner = engine.runner  # type: ignore[attr-defined]
+    if runner.device.type == "cuda":
+        return
+    buffer = torch.empty(runner.inputs.max_num_tokens, runner.model_config.vocab_size)
+    launch = runner.launch
+
+    def launch_into_buffer(prepared, num_shared: int = 0) -> torch.Tensor:
+        logits = launch(prepared, num_shared)
+        rows = buffer[: logits.shape[0]]
+        rows.copy_(logits)
+        return rows
+
+    runner.launch = launch_into_buffer

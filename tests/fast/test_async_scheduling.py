@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
 from fast.engine import FastEngine
 from reports.bench.workloads import build_workload
@@ -21,7 +20,7 @@ from reports.serving import host_overhead
 from spec.engine_config import EngineConfig
 from spec.request import PENDING_TOKEN, FinishLimits, LifecycleError, Request, RequestOutput
 from spec.sampling_params import SamplingParams
-from tests.engines import build_engine, record_executed_plans
+from tests.engines import build_engine, logits_in_one_buffer, record_executed_plans
 
 MAX_TOKENS = 5
 
@@ -228,24 +227,6 @@ def test_aborting_every_request_of_a_launched_step(tiny_weights) -> None:
     assert engine.scheduler.allocator.num_free_blocks == engine.config.pool_blocks
 
 
-def replay_into_one_buffer(engine: FastEngine) -> None:
-    """Make the runner return each step's logits as a view of one persistent buffer that every launch
-    rewrites, as a CUDA graph's replay rewrites the graph's own output buffer on a GPU: on the CPU, where
-    each eager forward returns a new tensor, a host read of a step's logits after the next step's launch
-    then reads the next step's logits, as it would on a GPU."""
-    runner = engine.runner
-    buffer = torch.empty(runner.inputs.max_num_tokens, runner.model_config.vocab_size)
-    launch = runner.launch
-
-    def launch_into_buffer(prepared, num_shared: int = 0) -> torch.Tensor:
-        logits = launch(prepared, num_shared)
-        rows = buffer[: logits.shape[0]]
-        rows.copy_(logits)
-        return rows
-
-    runner.launch = launch_into_buffer
-
-
 def test_logits_read_after_a_step_are_read_before_the_next_launch(tiny_weights) -> None:
     """A budget of one token: the last prompt position is scored in a step of its own, with no sampling
     row, and the step after it (the first output, by length only) could be launched before the scored
@@ -257,7 +238,7 @@ def test_logits_read_after_a_step_are_read_before_the_next_launch(tiny_weights) 
     outputs = {}
     for ahead in (False, True):
         engine = fast_engine(tiny_weights, ahead, max_num_batched_tokens=1)
-        replay_into_one_buffer(engine)
+        logits_in_one_buffer(engine)  # on the CPU as graph replays on a GPU
         outputs[ahead] = engine.generate(prompts, params)
     scored = [len(output.prompt_logprobs) for output in outputs[True]]
     assert scored == [len(prompt) for prompt in prompts]
