@@ -174,7 +174,7 @@ def _rows(record: BenchRecord, label: str, phase: str, metric: Metric, show_phas
                 value=value,
                 spread=_spread(metrics, metric),
                 fraction_of_limit=_fraction_of_limit(metrics.get("floors") or {}, metric),
-                settings=label,
+                settings=label if engine != HF else label + _transformers_note(record),
                 phase=phase if show_phase else None,
                 times_baseline=times_faster(value, baseline, metric) if compared else None,
                 commit=record.commit,
@@ -183,6 +183,14 @@ def _rows(record: BenchRecord, label: str, phase: str, metric: Metric, show_phas
             )
         )
     return rows
+
+
+def _transformers_note(record: BenchRecord) -> str:
+    """What transformers ran with beyond its defaults (`twinfer bench --hf-prompt-lookup`): the record's label
+    names twinfer's flags, which its transformers row shares."""
+    result = next((result for result in record.data["results"] if result["engine"] == HF), {})
+    lookup = (result.get("transformers_settings") or {}).get("prompt_lookup_num_tokens")
+    return f" · transformers: prompt lookup, prompt_lookup_num_tokens {lookup}" if lookup else ""
 
 
 def _spread(metrics: dict[str, Any], metric: Metric) -> float | None:
@@ -254,17 +262,23 @@ def _detail(records: Sequence[BenchRecord], problems: Sequence[str]) -> str:
     for record in records:
         counts[record.workload] = counts.get(record.workload, 0) + 1
     workloads = ", ".join(f"{name} ({count} records)" if count > 1 else name for name, count in counts.items())
-    shapes = ", ".join(dict.fromkeys(record.shape for record in records))
+    shapes = ", ".join(dict.fromkeys(_model_words(record) for record in records))
     dtypes = ", ".join(dict.fromkeys(record.data["dtype"] for record in records))
     commits = ", ".join(dict.fromkeys(short_commit(record.commit) for record in records))
     gpus = ", ".join(dict.fromkeys(str(record.gpu) for record in records))
-    detail = f"{workloads} on {shapes} (random weights), {dtypes}; commit {commits}; {gpus}"
+    detail = f"{workloads} on {shapes}, {dtypes}; commit {commits}; {gpus}"
     missing = [name for name in STANDARD_WORKLOADS if name not in counts]
     if missing:
         detail += "; not measured: " + ", ".join(missing)
     if problems:
         detail += "; not read or not run: " + "; ".join(problems)
     return detail
+
+
+def _model_words(record: BenchRecord) -> str:
+    """The shape with random weights, or the checkpoint a record ran (`twinfer bench --model`)."""
+    checkpoint = record.data.get("model")
+    return f"{record.shape} (random weights)" if checkpoint is None else f"{record.shape} (checkpoint {checkpoint})"
 
 
 def _environment(records: Sequence[BenchRecord]) -> dict[str, str]:
@@ -292,7 +306,7 @@ def _record_environment(record: BenchRecord) -> dict[str, str]:
         "bench commit": record.commit,
         "copy bandwidth": f"{ceilings['copy_bandwidth']['value']:.4g} {ceilings['copy_bandwidth']['unit']}",
         "bf16 matmul ceiling": f"{ceilings['matmul_bf16']['value']:.4g} {ceilings['matmul_bf16']['unit']}",
-        "model shape": f"{shape['name']} ({shape.get('num_parameters', '?')} parameters, random weights)",
+        "model shape": f"{_model_words(record)}, {shape.get('num_parameters', '?')} parameters",
         "dtype": record.data["dtype"],
     }
     return {key: "none" if value is None else str(value) for key, value in shown.items()}

@@ -290,6 +290,31 @@ def test_decode_bs1_record_with_transformers_baseline(tmp_path: Path) -> None:
     assert hf["phases"][0]["method"] == "generate"
 
 
+def test_the_edit_workload_on_the_shipped_model_beside_transformers_prompt_lookup(tmp_path: Path) -> None:
+    """decode-bs1-edit (speculative decoding's workload: a module, then its start again) with --model: the shipped
+    checkpoint's weights in both engines (its shape recorded, its small vocabulary's own warm-up prompt), and
+    transformers' assisted generation by prompt lookup beside it (several tokens a step, each one timed)."""
+    (phase,) = build_workload("decode-bs1-edit").phases
+    (request,) = phase.requests
+    assert len(request.prompt_token_ids) == 707 and request.max_tokens == 256 and phase.temperature == 0
+    model = "twinfer/models/stdlib-tiny"
+    record = _bench(
+        tmp_path, "decode-bs1-edit", "--model", model, "--engine", "reference", "--baseline", "hf",
+        "--hf-prompt-lookup", "3", "--scale", "0.1", "--repeats", "1", "--speculative-method", "ngram",
+        "--num-speculative-tokens", "3",
+    )  # fmt: skip
+    assert record["model"] == model and record["shape"]["name"] == "stdlib-tiny"
+    assert record["shape"]["vocab_size"] == 4096 and record["shape"]["max_position_embeddings"] == 1024
+    reference, hf = record["results"]
+    assert hf["transformers_settings"]["prompt_lookup_num_tokens"] == 3
+    expected_tokens = record["workload"]["phases"][0]["num_output_tokens"]
+    for result in (reference, hf):
+        (result_phase,) = result["phases"]
+        assert result_phase["metrics"]["output_tokens"] == expected_tokens
+        # A time per output token needs one time per token: transformers' assisted steps hand several at once.
+        assert _positive(result_phase["metrics"]["tpot_s"])
+
+
 def test_rank_share_runs_the_smaller_shape(tmp_path: Path) -> None:
     record = _bench(
         tmp_path, "decode-bs1", "--engine", "reference", "--scale", "0.02", "--repeats", "1", "--rank-share", "2"

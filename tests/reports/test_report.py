@@ -466,6 +466,23 @@ def _offline(tokens_per_s: float, hf_tokens_per_s: float | None = None) -> dict[
     return figures | ({"hf": {"offline": (hf_tokens_per_s, 0.26)}} if hf_tokens_per_s else {})
 
 
+def test_a_checkpoints_record_and_transformers_prompt_lookup_are_named() -> None:
+    """A record of `twinfer bench --model CHECKPOINT --hf-prompt-lookup K` says it ran the checkpoint, not random
+    weights, and its transformers row says it ran assisted generation by prompt lookup."""
+    record = bench_record("decode-bs1", _bs1(0.0005, 0.004), shape="stdlib-tiny")
+    record["model"] = "twinfer/models/stdlib-tiny"
+    hf = next(result for result in record["results"] if result["engine"] == "hf")
+    hf["transformers_settings"]["prompt_lookup_num_tokens"] = 4
+    section = speed_from_records([BenchRecord(record, "edit.json")])
+    assert "stdlib-tiny (checkpoint twinfer/models/stdlib-tiny)" in section.detail
+    assert "random weights" not in section.detail
+    rows = {row.engine: row.settings for row in section.tables[0].rows}
+    assert rows == {
+        "twinfer fast": "no flags (defaults)",
+        "transformers": "no flags (defaults) · transformers: prompt lookup, prompt_lookup_num_tokens 4",
+    }
+
+
 def test_speed_section_shows_every_record_with_its_settings_and_baseline(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
