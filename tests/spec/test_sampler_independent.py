@@ -418,3 +418,28 @@ def test_sampler_sizes_and_batches_out_of_range_are_refused() -> None:
     with pytest.raises(ValueError, match="a batch of 2 rows does not fit a sampler of max_num_seqs 1"):
         one.set_sampler_rows([row, row], [0, 0])
     one.set_sampler_rows([row], [0])  # one row fits
+
+
+def test_a_sampler_given_no_rows_yet_holds_none_and_refuses_logits() -> None:
+    """Before its first batch a sampler holds zero rows, all (vacuously) greedy: logits with a row are refused
+    with the shape it expects, not sampled with parameters nobody set; zero rows of logits give zero tokens."""
+    sampler = Sampler(max_num_seqs=4, vocab_size=10, device=FAST_DEVICE)
+    assert sampler.num_rows == 0
+    assert sampler.all_greedy is True
+    with pytest.raises(ValueError, match=r"logits must be \[0, 10\]"):
+        sampler.sample(torch.zeros(1, 10, device=FAST_DEVICE))
+    assert sampler.sample(torch.zeros(0, 10, device=FAST_DEVICE)).shape == (0,)
+
+
+def test_fast_sampler_refuses_columns_and_rows_of_unequal_lengths() -> None:
+    """A batch given by columns must give as many seeds as params (one more seed is an error, not a row
+    dropped), and every row must have SamplerRow's columns: a row with one more is an error, not truncated."""
+    sampler = Sampler(max_num_seqs=4, vocab_size=10, device=FAST_DEVICE)
+    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.5)]
+    with pytest.raises(ValueError):
+        sampler.set_batch(params, [1, 2, 3], [0, 0])
+    row = sampler.row(SamplingParams(temperature=1.0), seed=1)
+    with pytest.raises(ValueError):
+        sampler.set_sampler_rows([row, (*row, 0)], [0, 0])
+    sampler.set_batch(params, [1, 2], [0, 0])  # equal lengths are accepted
+    assert sampler.num_rows == 2
