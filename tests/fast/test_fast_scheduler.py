@@ -4,6 +4,7 @@ in-place token view, and decisions equal to the reference scheduler's on a fixed
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -18,6 +19,7 @@ from spec.block_hash import hash_block, hash_full_blocks
 from spec.engine_config import EngineConfig
 from spec.request import Request
 from spec.sampling_params import SamplingParams
+from spec.scheduling import StepPlan
 from spec.speculative import SpeculativeConfig
 
 
@@ -200,3 +202,123 @@ def test_a_proposer_that_answers_too_few_requests_is_an_error(scheduler_class: t
     scheduler.update(plan, {"r0": 4})
     with pytest.raises(ValueError, match="zip"):
         scheduler.schedule()  # r0 decodes: the proposer is asked for one request and answers none
+
+
+def test_request_tokens_refuses_an_index_past_either_end() -> None:
+    """An index one past the last token or one before the first (negative, from the end) is an IndexError that
+    names the index and the token count (prompt and output together), not a token read from the other end."""
+    request = Request("r", (1, 2, 3), SamplingParams(), seed=0, arrival_index=0)
+    request.output_token_ids.extend([4, 5])
+    view = RequestTokens(request)
+    assert view[-5] == 1 and view[4] == 5
+    with pytest.raises(IndexError, match="token index 5 out of range for 5 tokens"):
+        view[5]
+    with pytest.raises(IndexError, match="token index -6 out of range for 5 tokens"):
+        view[-6]
+
+
+def fake_step(scheduler: FastScheduler, plan: StepPlan, accept: bool = True) -> None:
+    """Update with a fake model: token 7 for each sampling chunk; a verify chunk's draft accepted whole
+    (then token 9) or rejected at once (token 8)."""
+    sampled: dict[str, int | list[int]] = {}
+    for chunk in plan.chunks:
+        if chunk.draft_token_ids:
+            drafted = len(chunk.draft_token_ids)
+            sampled[chunk.request_id] = [*chunk.draft_token_ids, 9] if accept else [8] * (drafted + 1)
+        elif chunk.samples:
+            sampled[chunk.request_id] = 7
+    scheduler.update(plan, sampled)
+
+
+def test_admit_more_admits_what_schedule_would_with_the_budget_left() -> None:
+    """A request added after the plan was made is admitted by admit_more as schedule() would have admitted it:
+    with the budget the running chunks left, here 4 of 5 tokens of its prompt of 8."""
+    config = replace(CONFIG, num_blocks=16, max_num_batched_tokens=5)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    schedulers = [FastScheduler(config), FastScheduler(config)]
+    for scheduler in schedulers:
+        scheduler.add(Request("r0", (1, 2, 3), params, seed=0, arrival_index=0))
+        fake_step(scheduler, scheduler.schedule())  # r0's prefill: it decodes from now on
+    late, early = schedulers
+    late.schedule()
+    late.add(Request("r1", tuple(range(10, 18)), params, seed=0, arrival_index=1))
+    early.add(Request("r1", tuple(range(10, 18)), params, seed=0, arrival_index=1))
+    plan = late.admit_more()
+    assert plan == early.schedule()
+    assert plan.admitted == ("r1",) and [chunk.num_tokens for chunk in plan.chunks] == [1, 4]
+
+
+def test_dropping_a_request_that_is_not_in_the_plan_leaves_the_plan_as_it_was() -> None:
+    """An aborted request with no chunk in the plan made ahead leaves it whole: its admissions (the plan that
+    admitted two while the third waits for max_num_seqs) and its preemptions (the plan that preempted r1 to grow
+    r0 admits nothing: the queue's head is the preempted request)."""
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    admitting = FastScheduler(replace(CONFIG, num_blocks=16, max_num_seqs=2))
+    waiting = [Request(f"r{n}", (1 + n, 2, 3), params, seed=0, arrival_index=n) for n in range(3)]
+    for request in waiting:
+        admitting.add(request)
+    plan = admitting.schedule()
+    assert plan.admitted == ("r0", "r1")
+    admitting.abort(waiting[2])
+    assert admitting.drop_from_plan("r2", admit=False) == plan
+    assert admitting.drop_from_plan("r2", admit=True) == plan
+
+    preempting = FastScheduler(replace(CONFIG, num_blocks=3, max_num_seqs=2))
+    requests = [
+        Request("r0", (1, 2, 3), params, 0, 0),
+        Request("r1", (4,), params, 0, 1),
+        Request("x", (5,), params, 0, 2),
+    ]
+    for request in requests:
+        preempting.add(request)
+    plan = preempting.schedule()
+    while not plan.preempted:
+        fake_step(preempting, plan)
+        plan = preempting.schedule()
+    assert plan.preempted == ("r1",) and plan.admitted == ()
+    preempting.abort(requests[2])
+    assert preempting.drop_from_plan("x", admit=True) == plan
+
+
+class EagerProposer:
+    """A draft proposer that proposes all it may (token 7 throughout), counting the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, token_ids: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> list[tuple[int, ...]]:
+        self.calls += 1
+        return [(7,) * count for count in max_tokens]
+
+
+@pytest.mark.parametrize("large_batch_rows", [None, 2, 3])
+def test_may_propose_next_says_exactly_whether_the_next_step_asks_for_drafts(large_batch_rows: int | None) -> None:
+    """may_propose_next (told from counts before the step's tokens are known) is True exactly when the next
+    schedule() asks the proposer, in every step that preempts no one (async scheduling plans ahead only when it
+    is False, and a proposer then would read pending tokens): over budgets that run out at or just before the
+    decoding requests, draft limits of 0, 1 and more (max_tokens), steps at and around large_batch_rows, and
+    gates that pause requests whose drafts were rejected."""
+    gate = {"acceptance_window": 2, "min_acceptance_rate": 0.5, "backoff_outputs": 2, "max_backoff_outputs": 4}
+    outcomes: Counter[tuple[bool, bool]] = Counter()
+    for budget, num_requests, num_speculative in itertools.product(range(1, 8), range(1, 5), (1, 3)):
+        speculative = SpeculativeConfig("ngram", num_speculative, large_batch_rows=large_batch_rows, **gate)
+        config = replace(CONFIG, num_blocks=64, max_num_batched_tokens=budget, speculative=speculative)
+        proposer = EagerProposer()
+        scheduler = FastScheduler(config, (), proposer=proposer)
+        for number in range(num_requests):
+            prompt = tuple(range(1, 2 + number % 3))
+            params = SamplingParams(temperature=0.0, max_tokens=2 + 2 * number, ignore_eos=True)
+            scheduler.add(Request(f"r{number}", prompt, params, seed=0, arrival_index=number))
+        for step in itertools.count():
+            if not scheduler.has_unfinished:
+                break
+            assert step < 200, "the workload did not finish"
+            predicted, before = scheduler.may_propose_next(), proposer.calls
+            plan = scheduler.schedule()
+            asked = proposer.calls > before
+            assert predicted or not asked, (budget, num_requests, step, plan)
+            if not plan.preempted:
+                assert predicted == asked, (budget, num_requests, num_speculative, step, plan)
+                outcomes[(predicted, asked)] += 1
+            fake_step(scheduler, plan, accept=step % 5 < 2)
+    assert outcomes[(True, True)] > 0 and outcomes[(False, False)] > 0, outcomes
