@@ -322,3 +322,42 @@ def test_may_propose_next_says_exactly_whether_the_next_step_asks_for_drafts(lar
                 outcomes[(predicted, asked)] += 1
             fake_step(scheduler, plan, accept=step % 5 < 2)
     assert outcomes[(True, True)] > 0 and outcomes[(False, False)] > 0, outcomes
+
+
+class EmptyProposer:
+    """A draft proposer that never has a draft, counting the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, token_ids: Sequence[Sequence[int]], max_tokens: Sequence[int]) -> list[tuple[int, ...]]:
+        self.calls += 1
+        return [() for _ in token_ids]
+
+
+def test_after_an_abort_from_the_plan_made_ahead_the_budget_may_end_before_the_newest_request() -> None:
+    """An abort from the plan made ahead (drop_from_plan, then admit_more) admits w2 with the aborted request's
+    budget behind w1, whose prefill the plan had cut: in the next step w1's prefill takes the whole budget left
+    before w2, which then gets no chunk (not an empty one), and may_propose_next says no draft is asked for."""
+    speculative = SpeculativeConfig("ngram", 2, large_batch_rows=None)
+    config = replace(CONFIG, num_blocks=64, max_num_seqs=8, max_num_batched_tokens=10, speculative=speculative)
+    proposer = EmptyProposer()
+    scheduler = FastScheduler(config, (), proposer=proposer)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    prompts = {"r1": (1, 2), "r2": (3, 4), "w1": tuple(range(10, 30)), "w2": tuple(range(30, 35))}
+    requests = {name: Request(name, prompt, params, 0, number) for number, (name, prompt) in enumerate(prompts.items())}
+    scheduler.add(requests["r1"])
+    scheduler.add(requests["r2"])
+    fake_step(scheduler, scheduler.schedule())  # both prefilled: they decode from now on
+    scheduler.add(requests["w1"])
+    scheduler.add(requests["w2"])
+    plan = scheduler.schedule()
+    assert [(chunk.request_id, chunk.num_tokens) for chunk in plan.chunks] == [("r1", 1), ("r2", 1), ("w1", 8)]
+    scheduler.abort(requests["r2"])
+    plan = scheduler.drop_from_plan("r2", admit=True)
+    assert [(chunk.request_id, chunk.num_tokens) for chunk in plan.chunks] == [("r1", 1), ("w1", 8), ("w2", 1)]
+    fake_step(scheduler, plan)
+    predicted, before = scheduler.may_propose_next(), proposer.calls
+    plan = scheduler.schedule()
+    assert [(chunk.request_id, chunk.num_tokens) for chunk in plan.chunks] == [("r1", 1), ("w1", 9)]
+    assert not predicted and proposer.calls == before
