@@ -92,6 +92,41 @@ def test_lifecycle_is_enforced() -> None:
         request.finish(FinishReason.ABORT)
 
 
+def test_a_request_refuses_counts_past_its_tokens() -> None:
+    """Computing more tokens than the request holds, a second logprobs entry for one output token and prompt
+    logprobs at a position past the prompt's last are each a LifecycleError naming the numbers: an engine's
+    bookkeeping slip is caught where it happens, not carried into the outputs."""
+    from spec.request import LifecycleError, Request, TokenLogprobs
+
+    request = Request("r", (1, 2, 3), SamplingParams(logprobs=1, prompt_logprobs=0), seed=0, arrival_index=0)
+    request.admit(0)
+    request.advance_computed(2)
+    with pytest.raises(LifecycleError, match=r"cannot compute 2 more tokens \(2 of 3 computed\)"):
+        request.advance_computed(2)
+    request.advance_computed(1)
+    request.append_token(7)
+    request.append_logprobs(TokenLogprobs(7, -0.5))
+    with pytest.raises(LifecycleError, match="more logprobs than output tokens"):
+        request.append_logprobs(TokenLogprobs(7, -0.5))
+    request.record_prompt_logprobs(2, TokenLogprobs(3, -1.0))  # the last prompt position
+    with pytest.raises(LifecycleError, match="no prompt position 3 to score"):
+        request.record_prompt_logprobs(3, TokenLogprobs(7, -0.5))
+    assert request.output().logprobs == (TokenLogprobs(7, -0.5),)
+
+
+def test_token_span_reads_exactly_the_tokens_asked_for() -> None:
+    """token_span(start, n) is all_token_ids[start:start + n] wherever the span lies: in the prompt, across the
+    prompt's end, or in the output (with output tokens left after the span)."""
+    from spec.request import Request
+
+    request = Request("r", (1, 2, 3), SamplingParams(), seed=0, arrival_index=0)
+    request.output_token_ids.extend([4, 5, 6, 7, 8, 9])  # as append_token would, without the lifecycle
+    tokens = request.all_token_ids
+    for start in range(len(tokens) + 1):
+        for num_tokens in range(len(tokens) - start + 1):
+            assert request.token_span(start, num_tokens) == tokens[start : start + num_tokens], (start, num_tokens)
+
+
 def test_output_carries_each_field() -> None:
     # Request.output builds RequestOutput by position (it runs for every request every step).
     from spec.request import Request, TokenLogprobs
