@@ -13,6 +13,7 @@ from spec.engine_config import EngineConfig
 from spec.errors import ConfigError
 from spec.model_config import ModelConfig, RopeScaling
 from spec.rope import rope_parameters
+from spec.speculative import SpeculativeConfig
 
 BASE = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -117,6 +118,100 @@ def test_max_model_len_defaults_to_and_may_not_exceed_the_model() -> None:
     assert EngineConfig().resolved(model).max_model_len == 4096
     with pytest.raises(ConfigError, match="max_model_len 5000 exceeds the model's max_position_embeddings 4096"):
         EngineConfig(max_model_len=5000).resolved(model)
+
+
+POSITIVE_SETTINGS = ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size")
+SWITCHES = (
+    "enable_prefix_caching", "check_invariants", "enable_cuda_graphs", "batch_invariant", "async_scheduling",
+    "programmatic_dependent_launch", "fused_all_reduce_norm",
+)  # fmt: skip
+RESOLVED_BY_ENGINE = {"num_blocks", "max_num_seqs", "max_num_batched_tokens", "async_scheduling"}
+
+
+def test_engine_config_accepts_each_bound_at_its_edge_and_refuses_past_it() -> None:
+    """Every range's edge is inside (block_size 1, a pool of one block, one sequence, a budget of one token, one
+    rank, max_model_len 2, gpu_memory_utilization 1); one step past it, a bool for an int, a float for an int and
+    a non-bool switch are each refused by name, whatever settings come before or after it (a None the engine
+    resolves skips only its own check)."""
+    edge = EngineConfig(
+        block_size=1, num_blocks=1, max_num_seqs=1, max_num_batched_tokens=1, max_model_len=2, gpu_memory_utilization=1
+    )
+    assert (edge.block_size, edge.pool_blocks, edge.model_len, edge.gpu_memory_utilization) == (1, 1, 2, 1)
+    for utilization in (1.0, 1e-6, 0.5):
+        assert EngineConfig(gpu_memory_utilization=utilization).gpu_memory_utilization == utilization
+    for utilization in (0, 0.0, -0.5, 1.0001, 2, True, "0.9"):
+        with pytest.raises(ConfigError, match=r"gpu_memory_utilization must be in \(0, 1\]"):
+            EngineConfig(gpu_memory_utilization=utilization)  # type: ignore[arg-type]
+    for max_model_len in (1, 0, 2.0, "8"):
+        with pytest.raises(ConfigError, match="max_model_len must be an integer >= 2"):
+            EngineConfig(max_model_len=max_model_len)  # type: ignore[arg-type]
+    for size in (2, 4, 64):
+        assert EngineConfig(block_size=size).block_size == size
+    for size in (3, 6, 24):
+        with pytest.raises(ConfigError, match=f"block_size must be a power of two, got {size}"):
+            EngineConfig(block_size=size)
+    for name in POSITIVE_SETTINGS:
+        for value in (0, -1, True, 1.5, *(() if name in RESOLVED_BY_ENGINE else (None,))):
+            # The other settings left at their defaults (num_blocks None among them) come before and after.
+            with pytest.raises(ConfigError, match=f"engine setting {name!r} must be a positive integer"):
+                EngineConfig(**{name: value})  # type: ignore[arg-type]
+    for name in SWITCHES:
+        also = " \\(or None: [^)]*\\)" if name in {"async_scheduling", "programmatic_dependent_launch"} else ""
+        for value in (1, "yes", *(() if also else (None,))):
+            with pytest.raises(ConfigError, match=f"engine setting {name!r} must be a bool{also}, got {value!r}"):
+                EngineConfig(**{name: value})  # type: ignore[arg-type]
+    assert EngineConfig(async_scheduling=None, programmatic_dependent_launch=None).async_scheduling is None
+    with pytest.raises(ConfigError, match="'speculative' must be a SpeculativeConfig or None, got 'ngram'"):
+        EngineConfig(speculative="ngram")  # type: ignore[arg-type]
+    speculative = SpeculativeConfig("ngram", 2)
+    assert EngineConfig(speculative=speculative).speculative is speculative
+
+
+def test_engine_config_defaults_and_resolution_are_the_documented_ones() -> None:
+    """EngineConfig() is the documented defaults; `resolved` keeps what was given and fills the rest (the model's
+    length, a pool of DEFAULT_NUM_BLOCKS = 1024 blocks or the engine's own, the engine's batch defaults); an
+    unresolved pool or length is an error where it is read; the settings are frozen; the draft model's engine
+    keeps the geometry and drops speculation, invariant checks, tensor parallelism and the fused all-reduce."""
+    from dataclasses import FrozenInstanceError
+
+    from spec.engine_config import DEFAULT_NUM_BLOCKS, SMALL_BATCHES, BatchDefaults
+
+    config = EngineConfig()
+    defaults = {
+        "block_size": 16, "num_blocks": None, "max_num_seqs": None, "max_num_batched_tokens": None,
+        "max_model_len": None, "enable_prefix_caching": True, "check_invariants": False,
+        "gpu_memory_utilization": 0.9, "enable_cuda_graphs": True, "batch_invariant": False,
+        "tensor_parallel_size": 1, "async_scheduling": None, "programmatic_dependent_launch": None,
+        "fused_all_reduce_norm": False, "speculative": None,
+    }  # fmt: skip
+    assert {name: getattr(config, name) for name in defaults} == defaults
+    for unresolved in ("pool_blocks", "model_len"):
+        with pytest.raises(ConfigError, match="unresolved: call EngineConfig.resolved"):
+            getattr(config, unresolved)
+    model = ModelConfig.from_dict(BASE)
+    resolved = config.resolved(model)
+    assert DEFAULT_NUM_BLOCKS == 1024 and SMALL_BATCHES == BatchDefaults(64, 2048, False)
+    assert (resolved.model_len, resolved.pool_blocks, resolved.max_num_seqs) == (4096, 1024, 64)
+    assert (resolved.max_num_batched_tokens, resolved.async_scheduling) == (2048, False)
+    assert config.resolved(model, num_blocks=7).pool_blocks == 7  # the engine's own pool size
+    given = EngineConfig(num_blocks=5, max_num_seqs=3, max_num_batched_tokens=9, max_model_len=4096)
+    resolved = given.resolved(model, num_blocks=7, batches=BatchDefaults(256, 16384, True))
+    assert (resolved.pool_blocks, resolved.max_num_seqs, resolved.max_num_batched_tokens) == (5, 3, 9)
+    assert (resolved.model_len, resolved.async_scheduling) == (4096, True)
+    assert [resolved.blocks_for_tokens(n) for n in (0, 1, 16, 17, 33)] == [0, 1, 1, 2, 3]
+    with pytest.raises(FrozenInstanceError):
+        config.block_size = 8  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        SMALL_BATCHES.max_num_seqs = 8  # type: ignore[misc]
+    full = EngineConfig(
+        block_size=8, num_blocks=40, check_invariants=True, tensor_parallel_size=2, fused_all_reduce_norm=True,
+        speculative=SpeculativeConfig("ngram", 2), batch_invariant=True, max_model_len=128,
+    )  # fmt: skip
+    draft = full.for_draft_model()
+    assert (draft.speculative, draft.check_invariants, draft.tensor_parallel_size, draft.fused_all_reduce_norm) == (
+        None, False, 1, False,
+    )  # fmt: skip
+    assert (draft.block_size, draft.num_blocks, draft.batch_invariant, draft.max_model_len) == (8, 40, True, 128)
 
 
 @pytest.mark.differential
