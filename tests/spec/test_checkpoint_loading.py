@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,9 +14,20 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from reference.engine import ReferenceEngine
-from spec.checkpoint import expected_weight_shapes, load_model_config, load_state_dict, parse_dtype, resolve_checkpoint
+from spec.checkpoint import (
+    HUB_PATTERNS,
+    expected_weight_shapes,
+    is_ignored_tensor,
+    load_model_config,
+    load_state_dict,
+    open_checkpoint,
+    parse_dtype,
+    resolve_checkpoint,
+)
+from spec.engine import default_device
 from spec.errors import CheckpointError, ConfigError
 from tests.engines import FAST_DEVICE
+from twinfer.models.tiny_model import TinyModelShape, write_tiny_model
 
 
 @pytest.fixture
@@ -173,3 +187,128 @@ def test_a_transposed_tensor_with_the_same_size_is_refused(checkpoint_copy: Path
     with pytest.raises(CheckpointError, match=r"gate_proj\.weight.*has shape \(64, 128\).*implies \(128, 64\)"):
         device = torch.device(FAST_DEVICE if engine_name == "fast" else "cpu")
         engine_class(engine_name, device).from_pretrained(checkpoint_copy, None, "float32", device)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "shape"),
+    [
+        ("llama", TinyModelShape(attention_bias=True, mlp_bias=True)),
+        ("llama", TinyModelShape(tie_word_embeddings=False)),
+        ("qwen2", TinyModelShape()),
+        ("qwen3", TinyModelShape(attention_bias=True)),
+    ],
+    ids=["llama-biases", "llama-untied", "qwen2", "qwen3-attention-bias"],
+)
+def test_every_architecture_loads_the_tensors_transformers_writes(
+    architecture: str, shape: TinyModelShape, tmp_path: Path
+) -> None:
+    """A checkpoint transformers wrote (biases on q, k, v, o and the MLP; an untied lm_head) loads whole: the
+    shapes expected from the config are exactly those stored, tensor for tensor."""
+    checkpoint = write_tiny_model(tmp_path / "model", seed=3, shape=shape, architecture=architecture)
+    config = load_model_config(checkpoint)
+    stored = {name: tuple(tensor.shape) for name, tensor in load_file(str(checkpoint / "model.safetensors")).items()}
+    kept = {name: size for name, size in stored.items() if not is_ignored_tensor(name, config)}
+    assert expected_weight_shapes(config) == kept
+    state = load_state_dict(checkpoint, config, torch.float32)
+    assert {name: tuple(tensor.shape) for name, tensor in state.items()} == kept
+
+
+@pytest.mark.parametrize("count", [1, 5, 6, 9])
+def test_missing_and_unexpected_tensors_are_listed_five_then_counted(
+    checkpoint_copy: Path, tiny_checkpoint: Path, count: int
+) -> None:
+    """Up to five missing (or unexpected) tensor names are listed; past five, the first five and how many more."""
+    more = f" and {count - 5} more" if count > 5 else ""
+    names = sorted(expected_weight_shapes(load_model_config(checkpoint_copy)))[:count]
+    rewrite_weights(checkpoint_copy, lambda tensors: [tensors.pop(name) for name in names])
+    with pytest.raises(CheckpointError, match=f"missing tensors: {re.escape(', '.join(names[:5]))}{more}$"):
+        load(checkpoint_copy)
+    shutil.copy(tiny_checkpoint / "model.safetensors", checkpoint_copy / "model.safetensors")
+    extra = sorted(f"model.layers.9.extra_{number}.weight" for number in range(count))
+    rewrite_weights(checkpoint_copy, lambda tensors: tensors.update({name: torch.zeros(2) for name in extra}))
+    with pytest.raises(CheckpointError, match=f"does not use: {re.escape(', '.join(extra[:5]))}{more}$"):
+        load(checkpoint_copy)
+
+
+def test_dtypes_are_parsed_by_name_and_auto_is_the_checkpoints(tiny_checkpoint: Path) -> None:
+    """A supported torch dtype passes through and another is refused; "auto" is the config's torch_dtype, float32
+    for a config with none it supports and with no config."""
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert parse_dtype(dtype) is dtype
+    with pytest.raises(CheckpointError, match="unsupported dtype torch.int8; use one of float32, float16, bfloat16"):
+        parse_dtype(torch.int8)
+    config = load_model_config(tiny_checkpoint)
+    for stored, expected in (("bfloat16", torch.bfloat16), ("float16", torch.float16), ("int4", torch.float32)):
+        assert parse_dtype("auto", dataclasses.replace(config, torch_dtype=stored)) is expected
+    assert parse_dtype("auto") is torch.float32
+
+
+def test_open_checkpoint_settles_dtype_and_device(tiny_checkpoint: Path) -> None:
+    """The device given is the device (meta here); none given is the default (CUDA where available); "auto" is
+    the checkpoint's dtype."""
+    opened = open_checkpoint(tiny_checkpoint, "auto", "meta")
+    assert (opened.path, opened.device, opened.dtype) == (tiny_checkpoint, torch.device("meta"), parse_dtype("auto"))
+    assert opened.config == load_model_config(tiny_checkpoint)
+    assert open_checkpoint(str(tiny_checkpoint), torch.float16).device == default_device()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opened.dtype = torch.float16  # type: ignore[misc]
+
+
+def test_tensors_no_model_reads_are_skipped(checkpoint_copy: Path, tiny_checkpoint: Path) -> None:
+    """A rotary cache (any layer's rotary_emb.inv_freq) and a tied checkpoint's stored lm_head are skipped, and
+    every tensor after them still loads."""
+
+    def add_unread(tensors: dict[str, torch.Tensor]) -> None:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(16)
+
+    rewrite_weights(checkpoint_copy, add_unread)
+    loaded, plain = load(checkpoint_copy), load(tiny_checkpoint)
+    assert loaded.keys() == plain.keys() and all(torch.equal(loaded[name], plain[name]) for name in plain)
+
+
+@pytest.mark.parametrize("index", ["{}", "[]", "not json"], ids=["no-weight-map", "a-list", "not-json"])
+def test_a_shard_index_that_is_not_one_is_named(checkpoint_copy: Path, index: str) -> None:
+    (checkpoint_copy / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(CheckpointError, match="is not a valid safetensors index"):
+        load(checkpoint_copy)
+
+
+def test_a_weights_path_that_cannot_be_read_is_named(checkpoint_copy: Path) -> None:
+    """A directory named like a weights file (the only one) is an error naming it, not an OSError."""
+    (checkpoint_copy / "model.safetensors").unlink()
+    (checkpoint_copy / "weights.safetensors").mkdir()
+    with pytest.raises(CheckpointError, match=r"cannot read .*weights\.safetensors"):
+        load(checkpoint_copy)
+
+
+def test_paths_that_are_neither_a_directory_nor_a_hub_id_are_refused(tmp_path: Path) -> None:
+    """A relative path (even with one slash), a path of three parts and a file are refused without asking the hub."""
+    for model in ("./nowhere", "owner/name/extra", "~/nowhere/model"):
+        with pytest.raises(CheckpointError, match=f"no checkpoint directory at '{re.escape(model)}'"):
+            resolve_checkpoint(model)
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="is a file; a checkpoint is a directory"):
+        resolve_checkpoint(tmp_path / "weights.bin")
+
+
+def test_a_hub_id_falls_back_to_the_local_cache_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the hub cannot be reached, a hub id is looked up in the local cache alone (local_files_only), with the
+    same file patterns; without huggingface_hub a hub id is a CheckpointError naming it."""
+    import huggingface_hub
+
+    calls: list[dict[str, object]] = []
+
+    def snapshot_download(repo_id: str, **options: object) -> str:
+        calls.append(options)
+        if not options.get("local_files_only"):
+            raise ConnectionError("no network")
+        return str(tmp_path / repo_id)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert resolve_checkpoint("owner/model") == tmp_path / "owner" / "model"
+    assert [call.get("local_files_only", False) for call in calls] == [False, True]
+    assert all(call["allow_patterns"] == HUB_PATTERNS for call in calls)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(CheckpointError, match="huggingface_hub is needed to fetch hub checkpoints"):
+        resolve_checkpoint("owner/model")
