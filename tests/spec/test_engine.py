@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from spec.engine_config import EngineConfig
-from spec.errors import ConfigError, InvalidRequestError
+from spec.errors import ConfigError, InvalidRequestError, SamplingParamsError
 from spec.request import FinishReason, RequestStatus
 from spec.sampling_params import SamplingParams
 from twinfer import LLM
@@ -125,6 +125,28 @@ def test_token_span_reads_exactly_the_tokens_asked_for() -> None:
     for start in range(len(tokens) + 1):
         for num_tokens in range(len(tokens) - start + 1):
             assert request.token_span(start, num_tokens) == tokens[start : start + num_tokens], (start, num_tokens)
+
+
+def test_finish_limits_say_when_only_the_length_can_finish_a_request() -> None:
+    """by_length_only exactly when no token value can finish the request: eos ignored (or none) and no stop ids;
+    the pending-token placeholder is never a token id a prompt, a stop id or an end-of-sequence id can hold."""
+    from spec.engine_config import EngineConfig
+    from spec.request import PENDING_TOKEN, FinishLimits, check_request
+
+    eos = frozenset({2})
+    cases = [
+        (SamplingParams(ignore_eos=True), eos, True),
+        (SamplingParams(), frozenset(), True),
+        (SamplingParams(), eos, False),
+        (SamplingParams(ignore_eos=True, stop_token_ids=(5,)), eos, False),
+    ]
+    for params, eos_ids, expected in cases:
+        assert FinishLimits.of(params, 3, eos_ids, 64).by_length_only is expected, (params, eos_ids)
+    assert PENDING_TOKEN < 0
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        check_request("r", [1, PENDING_TOKEN], SamplingParams(), 384, EngineConfig(max_model_len=64))
+    with pytest.raises(SamplingParamsError, match="stop_token_ids entries must be >= 0"):
+        SamplingParams(stop_token_ids=(PENDING_TOKEN,))
 
 
 def test_output_carries_each_field() -> None:
