@@ -149,6 +149,83 @@ def test_finish_limits_say_when_only_the_length_can_finish_a_request() -> None:
         SamplingParams(stop_token_ids=(PENDING_TOKEN,))
 
 
+def test_a_verify_chunks_rows_are_positioned_and_split_per_request() -> None:
+    """sampling_positions: a request's row samples at its output count, the rows of a verify chunk that follow it
+    at one more each; step_results gives each request its own rows (a plain chunk one, a verify chunk 1 + draft,
+    cut where the draft is rejected) whatever comes before and after them."""
+    from spec.engine import SampledToken, sampling_positions, step_results
+    from spec.request import Request
+    from spec.scheduling import ScheduledChunk, StepPlan
+
+    requests = {name: Request(name, (1, 2), SamplingParams(), 0, n) for n, name in enumerate(("a", "b", "c"))}
+    requests["a"].output_token_ids.extend([5, 6])
+    requests["b"].output_token_ids.extend([7] * 5)
+    rows = [requests[name] for name in ("a", "b", "b", "b", "c")]
+    assert sampling_positions(rows) == [2, 5, 6, 7, 0]
+    plan = StepPlan(
+        chunks=(
+            ScheduledChunk("a", 3, 1, True),
+            ScheduledChunk("b", 6, 3, True, (40, 41)),
+            ScheduledChunk("c", 0, 2, True),
+        ),
+        preempted=(),
+        admitted=(),
+    )
+    results = step_results(plan, rows, [10, 40, 9, 8, 30], [None] * 5, lambda request: frozenset())
+    assert results == {
+        "a": SampledToken(10, None),
+        "b": SampledToken(40, None, (SampledToken(9, None),)),
+        "c": SampledToken(30, None),
+    }
+
+
+def test_params_are_broadcast_to_the_prompts_or_refused() -> None:
+    """No params: the defaults for every prompt; one: shared; a list: one per prompt, of exactly their number."""
+    from spec.engine import broadcast_params
+
+    assert broadcast_params(None, 3) == [SamplingParams()] * 3
+    greedy = SamplingParams(temperature=0.0)
+    assert broadcast_params(greedy, 2) == [greedy, greedy]
+    assert broadcast_params([greedy, SamplingParams()], 2) == [greedy, SamplingParams()]
+    with pytest.raises(InvalidRequestError, match="2 sampling params for 3 prompts"):
+        broadcast_params([greedy, greedy], 3)
+
+
+def test_generate_returns_once_its_own_requests_finish_and_seeds_from_the_whole_range(
+    make_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """generate steps until its own prompts finish, leaving a request added before it running; an unseeded
+    request draws its seed from all of [0, MAX_SEED] (the largest draw is MAX_SEED itself)."""
+    import spec.engine
+    from spec.sampling_params import MAX_SEED
+
+    monkeypatch.setattr(spec.engine.secrets, "randbelow", lambda bound: bound - 1)
+    engine = make_engine(block_size=4, num_blocks=64)
+    long = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+    (output,) = engine.generate([PROMPT[:3]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    assert len(output.token_ids) == 2 and engine.has_unfinished
+    assert engine.request(long).seed == MAX_SEED
+
+
+def test_a_speculative_engine_applies_every_accepted_token_with_its_logprobs(make_engine, tiny_weights) -> None:
+    """With drafts that are always right (planted from a plain run), each verify step appends its accepted
+    tokens, each with its logprobs entry: the same tokens and logprobs as the plain run, in fewer steps."""
+    from spec.speculative import SpeculativeConfig
+    from tests.spec.speculation import PlantedDrafts
+
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=1)
+    plain = make_engine(block_size=4, num_blocks=64).generate([PROMPT], params)
+    engine = make_engine(block_size=4, num_blocks=64, speculative=SpeculativeConfig("ngram", 3, large_batch_rows=None))
+    engine.scheduler.proposer = PlantedDrafts(plain, tiny_weights[0].vocab_size, lambda request, index: False)
+    engine.add_request(PROMPT, params, request_id="r")
+    steps, outputs = 0, []
+    while engine.has_unfinished:
+        steps += 1
+        outputs = engine.step() or outputs
+    assert outputs[0].token_ids == plain[0].token_ids and steps < len(plain[0].token_ids)
+    assert [entry.token_id for entry in outputs[0].logprobs] == list(plain[0].token_ids)
+
+
 def test_output_carries_each_field() -> None:
     # Request.output builds RequestOutput by position (it runs for every request every step).
     from spec.request import Request, TokenLogprobs
