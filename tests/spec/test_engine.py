@@ -226,6 +226,42 @@ def test_a_speculative_engine_applies_every_accepted_token_with_its_logprobs(mak
     assert [entry.token_id for entry in outputs[0].logprobs] == list(plain[0].token_ids)
 
 
+def test_a_request_counts_preemptions_and_keeps_its_first_admissions_prefix_hit() -> None:
+    """A new request has no cached prompt tokens and no preemption; each preemption counts one; a readmission's
+    prefix hit does not replace the first admission's (what RequestOutput.num_cached_prompt_tokens reports)."""
+    from spec.request import Request
+
+    request = Request("r", (1, 2, 3, 4, 5, 6, 7, 8, 9), SamplingParams(), seed=0, arrival_index=0)
+    assert (request.num_cached_prompt_tokens, request.num_preemptions, request.was_admitted) == (0, 0, False)
+    assert request.output().num_cached_prompt_tokens == 0
+    request.admit(4)
+    request.preempt()
+    request.admit(8)
+    request.preempt()
+    assert (request.num_preemptions, request.num_cached_prompt_tokens, request.was_admitted) == (2, 4, True)
+    request.admit(0)
+    assert request.output().num_cached_prompt_tokens == 4 and request.num_computed_tokens == 0
+
+
+def test_outputs_and_logprobs_are_frozen_and_prompts_hold_only_ints() -> None:
+    """What an engine hands out (RequestOutput, TokenLogprobs) cannot be changed afterwards; a prompt token that
+    is a bool or a float (even an integral one) is refused like an id outside the vocabulary."""
+    from dataclasses import FrozenInstanceError
+
+    from spec.request import Request, TokenLogprobs, check_request
+
+    output = Request("r", (1, 2), SamplingParams(), seed=0, arrival_index=0).output()
+    with pytest.raises(FrozenInstanceError):
+        output.token_ids = (3,)  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        TokenLogprobs(3, -0.5).logprob = 0.0  # type: ignore[misc]
+    config = EngineConfig(max_model_len=64, num_blocks=64)
+    for bad in (True, 2.0):
+        with pytest.raises(InvalidRequestError, match=r"outside the vocabulary \[0, 384\)"):
+            check_request("r", [1, bad], SamplingParams(), 384, config)  # type: ignore[list-item]
+    assert check_request("r", [1, 383], SamplingParams(), 384, config) == (1, 383)
+
+
 def test_output_carries_each_field() -> None:
     # Request.output builds RequestOutput by position (it runs for every request every step).
     from spec.request import Request, TokenLogprobs
