@@ -262,6 +262,22 @@ def test_outputs_and_logprobs_are_frozen_and_prompts_hold_only_ints() -> None:
     assert check_request("r", [1, 383], SamplingParams(), 384, config) == (1, 383)
 
 
+def test_invariants_are_checked_exactly_when_asked(make_engine) -> None:
+    """check_invariants: the scheduler's state is observed at every step; without it, never (it costs a snapshot)."""
+    for check in (True, False):
+        engine = make_engine(block_size=4, num_blocks=64, check_invariants=check)
+        observed: list[int] = []
+        snapshot = engine.scheduler.snapshot
+
+        def counting_snapshot(snapshot=snapshot, observed=observed):
+            observed.append(1)
+            return snapshot()
+
+        engine.scheduler.snapshot = counting_snapshot
+        engine.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+        assert (len(observed) >= 3) if check else not observed, (check, len(observed))
+
+
 def test_output_carries_each_field() -> None:
     # Request.output builds RequestOutput by position (it runs for every request every step).
     from spec.request import Request, TokenLogprobs
