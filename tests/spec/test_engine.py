@@ -278,6 +278,31 @@ def test_invariants_are_checked_exactly_when_asked(make_engine) -> None:
         assert (len(observed) >= 3) if check else not observed, (check, len(observed))
 
 
+def test_a_finished_request_is_forgotten_and_logprobs_need_a_count_per_token(make_engine) -> None:
+    """Once finished, a request is no longer the engine's: looking it up or aborting it is a KeyError. token_logprobs
+    takes one count per token (a missing one is an error, not a token dropped). The default device is CUDA exactly
+    where it is available."""
+    import torch
+
+    from spec.engine import default_device, token_logprobs
+
+    engine = make_engine(block_size=4, num_blocks=64)
+    request_id = engine.add_request(PROMPT, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    assert engine.request(request_id).request_id == request_id
+    while engine.has_unfinished:
+        engine.step()
+    with pytest.raises(KeyError):
+        engine.request(request_id)
+    with pytest.raises(KeyError, match="no unfinished request"):
+        engine.abort(request_id)
+    logits = torch.tensor([[0.0, 1.0, 2.0], [2.0, 1.0, 0.0]])
+    entries = token_logprobs(logits, [2, 0], [1, 2])
+    assert [len(entry.top) for entry in entries] == [1, 2] and [entry.token_id for entry in entries] == [2, 0]
+    with pytest.raises(ValueError):
+        token_logprobs(logits, [2, 0], [1])
+    assert default_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def test_output_carries_each_field() -> None:
     # Request.output builds RequestOutput by position (it runs for every request every step).
     from spec.request import Request, TokenLogprobs
