@@ -303,6 +303,22 @@ def test_a_finished_request_is_forgotten_and_logprobs_need_a_count_per_token(mak
     assert default_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def test_empty_counts_and_the_first_prompt_position_are_refused() -> None:
+    """Advancing by zero tokens and prompt logprobs at position 0 (no token precedes it) are LifecycleErrors; a
+    prompt's bad ids are named, the first five of them."""
+    from spec.request import LifecycleError, Request, TokenLogprobs, check_request
+
+    request = Request("r", (1, 2, 3), SamplingParams(prompt_logprobs=0), seed=0, arrival_index=0)
+    request.admit(0)
+    with pytest.raises(LifecycleError, match=r"cannot compute 0 more tokens \(0 of 3 computed\)"):
+        request.advance_computed(0)
+    with pytest.raises(LifecycleError, match="no prompt position 0 to score"):
+        request.record_prompt_logprobs(0, TokenLogprobs(1, -0.5))
+    config = EngineConfig(max_model_len=64, num_blocks=64)
+    with pytest.raises(InvalidRequestError, match=r"\[0, 384\): \[-1, 384, 385, 386, 387\]$"):
+        check_request("r", [5, -1, 384, 385, 386, 387, 388], SamplingParams(), 384, config)
+
+
 def test_output_carries_each_field() -> None:
     # Request.output builds RequestOutput by position (it runs for every request every step).
     from spec.request import Request, TokenLogprobs
