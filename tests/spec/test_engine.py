@@ -162,6 +162,7 @@ def test_a_verify_chunks_rows_are_positioned_and_split_per_request() -> None:
     requests["b"].output_token_ids.extend([7] * 5)
     rows = [requests[name] for name in ("a", "b", "b", "b", "c")]
     assert sampling_positions(rows) == [2, 5, 6, 7, 0]
+    assert sampling_positions(rows[1:]) == [5, 6, 7, 0]  # a verify chunk's rows first
     plan = StepPlan(
         chunks=(
             ScheduledChunk("a", 3, 1, True),
