@@ -92,6 +92,40 @@ def test_bad_model_config_is_named(change: dict[str, object], message: str) -> N
         ModelConfig.from_dict({**BASE, **change})
 
 
+def test_model_config_derives_its_shapes_and_bounds_at_their_edges() -> None:
+    """Queries per KV head is heads // kv_heads; head_dim defaults to hidden // heads; eps and theta must be > 0; an
+    eos id must be in [0, vocab_size); llama3 scaling needs high_freq_factor > low_freq_factor (other types do not);
+    a scaling factor is a float; Qwen3 and Llama have no biases unless config.json asks; the config is frozen."""
+    from dataclasses import FrozenInstanceError
+
+    from spec.model_config import ArchitectureTraits
+
+    config = ModelConfig.from_dict(BASE)
+    assert (config.num_queries_per_kv, config.head_dim) == (2, 32)
+    assert ModelConfig.from_dict({k: v for k, v in BASE.items() if k != "head_dim"}).head_dim == 16
+    for field, value, message in (
+        ("rms_norm_eps", 0.0, "rms_norm_eps must be positive"),
+        ("rope_theta", 0.0, "rope_theta must be positive"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            ModelConfig.from_dict({**BASE, field: value})
+    assert ModelConfig.from_dict({**BASE, "eos_token_id": 99}).eos_token_ids == (99,)
+    with pytest.raises(ConfigError, match="eos_token_id 100 is outside the vocabulary of 100"):
+        ModelConfig.from_dict({**BASE, "eos_token_id": 100})
+    with pytest.raises(ConfigError, match="needs high_freq_factor > low_freq_factor"):
+        RopeScaling("llama3", 8.0, 512, low_freq_factor=2.0, high_freq_factor=2.0)
+    assert RopeScaling("linear", 2.0, low_freq_factor=4.0, high_freq_factor=1.0).factor == 2.0
+    scaled = ModelConfig.from_dict({**BASE, "rope_scaling": {"rope_type": "linear", "factor": 4}}).rope_scaling
+    assert isinstance(scaled.factor, float) and scaled.factor == 4.0
+    no_bias = ArchitectureTraits(use_qk_norm=True, qkv_bias=False, o_proj_bias=False, mlp_bias=False)
+    direct = ModelConfig("Qwen3ForCausalLM", 100, 64, 128, 2, 4, 2, 32, 1e-6, 1e4, 4096, True)
+    assert direct.traits == config.traits == no_bias
+    llama = ModelConfig.from_dict({**BASE, "architectures": ["LlamaForCausalLM"]}).traits
+    assert llama == ArchitectureTraits(use_qk_norm=False, qkv_bias=False, o_proj_bias=False, mlp_bias=False)
+    with pytest.raises(FrozenInstanceError):
+        config.vocab_size = 5  # type: ignore[misc]
+
+
 def test_rope_scaling_rejects_nonpositive_factor() -> None:
     with pytest.raises(ConfigError, match="factor must be a positive number"):
         RopeScaling(rope_type="linear", factor=0.0)
