@@ -126,6 +126,35 @@ def test_model_config_derives_its_shapes_and_bounds_at_their_edges() -> None:
         config.vocab_size = 5  # type: ignore[misc]
 
 
+def test_config_json_defaults_are_transformers_and_bad_files_are_named(tmp_path: Path) -> None:
+    """What config.json may leave out takes transformers' default (untied embeddings; the dtype from torch_dtype,
+    else dtype, else float32; rope_theta 10000; llama3's low and high frequency factors 1 and 4; YaRN's beta_fast 32
+    and beta_slow 1; no scaling factor 1); sizes of 1 and a theta below 1 are valid, a bool is not a size, an eos id
+    of -1 is refused; the first of several architectures is the one; a file that is not JSON is a ConfigError."""
+    config = ModelConfig.from_dict(BASE)
+    assert (config.tie_word_embeddings, config.torch_dtype, config.rope_scaling.factor) == (False, "float32", 1.0)
+    assert ModelConfig.from_dict({**BASE, "dtype": "bfloat16"}).torch_dtype == "bfloat16"
+    assert ModelConfig.from_dict({**BASE, "torch_dtype": "float16", "dtype": "bfloat16"}).torch_dtype == "float16"
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 512}
+    scaling = ModelConfig.from_dict({**BASE, "rope_scaling": llama3}).rope_scaling
+    assert (scaling.low_freq_factor, scaling.high_freq_factor) == (1.0, 4.0)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+    scaling = ModelConfig.from_dict({**BASE, "rope_scaling": yarn}).rope_scaling
+    assert (scaling.beta_fast, scaling.beta_slow) == (32.0, 1.0)
+    with pytest.raises(ConfigError, match="'vocab_size' must be a positive integer, got True"):
+        ModelConfig.from_dict({**BASE, "vocab_size": True})
+    edge = ModelConfig.from_dict({**BASE, "num_hidden_layers": 1, "num_key_value_heads": 1, "rope_theta": 0.5})
+    assert (edge.num_hidden_layers, edge.num_key_value_heads, edge.rope_theta) == (1, 1, 0.5)
+    assert ModelConfig.from_dict({k: v for k, v in BASE.items() if k != "rope_theta"}).rope_theta == 10000.0
+    with pytest.raises(ConfigError, match="eos_token_id -1 is outside the vocabulary"):
+        ModelConfig.from_dict({**BASE, "eos_token_id": -1})
+    first = ModelConfig.from_dict({**BASE, "architectures": ["LlamaForCausalLM", "Qwen3ForCausalLM"]})
+    assert first.architecture == "LlamaForCausalLM"
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="config.json is not valid JSON"):
+        ModelConfig.from_json_file(tmp_path / "config.json")
+
+
 def test_rope_scaling_rejects_nonpositive_factor() -> None:
     with pytest.raises(ConfigError, match="factor must be a positive number"):
         RopeScaling(rope_type="linear", factor=0.0)
