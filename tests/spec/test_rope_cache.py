@@ -48,6 +48,21 @@ ROPE_CASES = {
         "beta_fast": 16.0,
         "beta_slow": 2.0,
     },
+    # Edges of the scaling rules (found by mutation testing, reports/results/mutation/local_2core_n.json):
+    # llama3 with a low-frequency factor other than 1 (its wavelength bound divides by it);
+    "llama3-low-freq-factor": {**LLAMA3, "low_freq_factor": 2.0, "high_freq_factor": 8.0},
+    # YaRN's attention factor at factor 2 (0.1 ln 2 + 1) and at factor 1 (1, no log term);
+    "yarn-factor-2": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 2048},
+    "yarn-factor-1": {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 4096},
+    # a base so small that both ends of YaRN's correction range clamp to the last dimension (the ramp's
+    # zero-width guard), and one where only the high end clamps.
+    "yarn-clamped": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "rope_theta": 2.0},
+    "yarn-high-clamped": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 1024,
+        "rope_theta": 10.0,
+    },
 }
 
 
@@ -103,8 +118,10 @@ def test_scaled_configs_change_the_table() -> None:
     # Guards the cases above against comparing the default table with itself.
     default = cos_sin_cache(model_config("default"), 1024)
     for case in sorted(ROPE_CASES):
-        if case != "default":
+        if case not in ("default", "yarn-factor-1"):
             assert (cos_sin_cache(model_config(case), 1024) - default).abs().max() > 1e-2, case
+    # YaRN at factor 1 scales nothing: the default table, to rounding (its frequencies are recomputed).
+    torch.testing.assert_close(cos_sin_cache(model_config("yarn-factor-1"), 1024), default, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("case", ["llama3", "yarn-explicit-factor"])
@@ -145,3 +162,11 @@ def test_reference_model_keeps_rope_frequencies_in_fp32(dtype: torch.dtype) -> N
     assert model.model.embed_tokens.weight.dtype == dtype  # the cast did happen
     assert model.inv_freq.dtype == torch.float32
     assert torch.equal(model.inv_freq, rope_parameters(config)[0])
+
+
+def test_the_cache_holds_any_positive_number_of_positions() -> None:
+    config = model_config("default")
+    assert cos_sin_cache(config, 1).shape == (1, HEAD_DIM)
+    assert cos_sin_cache(config, 2).shape == (2, HEAD_DIM)
+    with pytest.raises(ValueError, match="max_positions must be >= 1, got 0"):
+        cos_sin_cache(config, 0)
