@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from fast.kernels.decode_attention import decode_attention, decode_workspace, one_program_per_split
+from fast.kernels.decode_attention import decode_attention, decode_workspace, fits_decode_tile, one_program_per_split
 from fast.kernels.prefill_attention import prefill_attention
 
 # Keys per decode split: 512 keys x 128 dims is 128 KiB of bf16 K and V per program, enough work
@@ -102,7 +102,9 @@ def context_buckets(max_model_len: int, smallest: int = MIN_DECODE_CONTEXT) -> t
 class StepMetadata:
     """Device views describing one step's sequences (see fast.input_batch)."""
 
-    is_decode: bool  # every sequence has one query token: the decode kernel runs
+    # Query tokens of every sequence, where the decode kernel may take the step: 1 for a decode step, 1 + K
+    # for a verify step's chunks padded to 1 + K tokens (fast.input_batch); 0 for any other step.
+    query_len: int
     num_seqs: int
     max_query_len: int  # host-known, sizes the prefill grid
     decode_context: int  # host-known bound on seq_lens for the decode kernel (PagedAttention.decode_context)
@@ -124,14 +126,19 @@ class PagedAttention:
         packed_decode_min_seqs: int = PACKED_DECODE_MIN_SEQS,
         pdl: bool = False,
         smallest_context: int | None = None,
+        verify_seqs: int = 0,
+        verify_query_len: int = 1,
     ) -> None:
         """pdl: the decode kernels launch with programmatic dependent launch (fast/kernels/pdl.py).
         smallest_context: the first decode context bucket; None: the device's (MIN_DECODE_CONTEXT on CUDA,
-        MIN_DECODE_CONTEXT_INTERPRETED elsewhere)."""
+        MIN_DECODE_CONTEXT_INTERPRETED elsewhere).
+        verify_seqs, verify_query_len: the largest verify step of padded chunks (speculative decoding's
+        verify graphs), whose rows the decode kernel's workspace must hold; 0: none."""
         self.scale = float(head_dim**-0.5)
         self.pdl = pdl
+        self.group_size = num_heads // num_kv_heads
         # A group wider than the packed tile cannot be packed: such models keep the decode kernel.
-        packable = num_heads // num_kv_heads <= INVARIANT_BLOCK_M
+        packable = self.group_size <= INVARIANT_BLOCK_M
         self.packed_decode_min_seqs = packed_decode_min_seqs if packable else max_num_seqs
         self.max_model_len = max_model_len
         self.num_kv_heads = num_kv_heads
@@ -142,23 +149,35 @@ class PagedAttention:
         self.contexts = context_buckets(max_model_len, smallest_context)
         # The decode kernel's largest steps at max_model_len, one per split size (its most sequences at
         # each): the workspace views are flat prefixes (decode_attention), so its size is their largest.
+        self.verify_seqs, self.verify_query_len = verify_seqs, verify_query_len
         decode_seqs = min(max_num_seqs, self.packed_decode_min_seqs)
-        largest = (min(decode_seqs, SMALL_BATCH_MAX_SEQS), decode_seqs)
-        rows = max(n * triton.cdiv(max_model_len, decode_split_size(n)) for n in largest)
-        self.workspace = decode_workspace(rows, num_heads, 1, head_dim, device)  # rows of (sequence, split)
+        largest = [(n, 1) for n in (min(decode_seqs, SMALL_BATCH_MAX_SEQS), decode_seqs)]
+        if verify_seqs and self.runs_decode_kernel(1, verify_query_len):
+            verify_seqs = min(verify_seqs, self.packed_decode_min_seqs)
+            largest += [(n, verify_query_len) for n in (min(verify_seqs, SMALL_BATCH_MAX_SEQS), verify_seqs)]
+        rows = max(n * query_len * triton.cdiv(max_model_len, decode_split_size(n)) for n, query_len in largest)
+        self.workspace = decode_workspace(rows, num_heads, 1, head_dim, device)  # rows of (query, split)
 
     def for_step(self, metadata: StepMetadata) -> StepAttention:
         return StepAttention(self, metadata)
 
-    def runs_decode_kernel(self, num_seqs: int) -> bool:
-        """Whether a decode step of num_seqs sequences runs the split-KV decode kernel (see `attend`)."""
-        return not self.batch_invariant and num_seqs <= self.packed_decode_min_seqs
+    def runs_decode_kernel(self, num_seqs: int, query_len: int = 1) -> bool:
+        """Whether a step of num_seqs sequences of query_len query tokens each (1: a decode step; 1 + K: a
+        verify step's padded chunks, of at most verify_seqs sequences: what the workspace holds) runs the
+        split-KV decode kernel (see `attend`)."""
+        if self.batch_invariant or num_seqs > self.packed_decode_min_seqs:
+            return False
+        if query_len == 1:
+            return True
+        verify = query_len == self.verify_query_len and num_seqs <= self.verify_seqs
+        return verify and fits_decode_tile(query_len, self.group_size)
 
-    def decode_context(self, num_seqs: int, max_seq_len: int) -> int:
-        """The bound the decode kernel is launched with for a decode step of num_seqs sequences whose
-        longest has max_seq_len keys: the smallest context bucket that holds it, while that grid keeps one
-        program per split; past that max_model_len (its bounded grid is the same for every longer bucket)."""
-        if not self.runs_decode_kernel(num_seqs):
+    def decode_context(self, num_seqs: int, max_seq_len: int, query_len: int = 1) -> int:
+        """The bound the decode kernel is launched with for a step of num_seqs sequences of query_len query
+        tokens whose longest has max_seq_len keys: the smallest context bucket that holds it, while that
+        grid keeps one program per split; past that max_model_len (its bounded grid is the same for every
+        longer bucket)."""
+        if not self.runs_decode_kernel(num_seqs, query_len):
             return self.max_model_len  # the grid does not depend on it
         split = decode_split_size(num_seqs)
         for context in self.contexts:
@@ -168,9 +187,10 @@ class PagedAttention:
                 break
         return self.max_model_len
 
-    def graph_contexts(self, num_seqs: int) -> tuple[int, ...]:
-        """Every bound decode_context gives for num_seqs sequences: the CUDA graphs to capture at that size."""
-        return tuple(sorted({self.decode_context(num_seqs, context) for context in self.contexts}))
+    def graph_contexts(self, num_seqs: int, query_len: int = 1) -> tuple[int, ...]:
+        """Every bound decode_context gives for num_seqs sequences of query_len query tokens: the CUDA graphs
+        to capture at that size."""
+        return tuple(sorted({self.decode_context(num_seqs, context, query_len) for context in self.contexts}))
 
 
 class StepAttention:
@@ -184,7 +204,7 @@ class StepAttention:
         """q [T, H, D] (rows may be strided) -> [T, H, D] contiguous."""
         meta, backend = self.metadata, self.backend
         invariant = backend.batch_invariant
-        if meta.is_decode and backend.runs_decode_kernel(meta.num_seqs):
+        if meta.query_len and backend.runs_decode_kernel(meta.num_seqs, meta.query_len):
             return decode_attention(
                 q,
                 k_cache,
@@ -196,8 +216,10 @@ class StepAttention:
                 split_size=decode_split_size(meta.num_seqs),
                 workspace=backend.workspace,
                 pdl=backend.pdl,
+                query_len=meta.query_len,
             )
-        packed = invariant or meta.is_decode  # a decode step of many sequences: packed GQA rows
+        # Packed GQA rows: a decode or verify step of many sequences, and every step in batch-invariant mode.
+        packed = invariant or meta.query_len > 0
         return prefill_attention(
             q,
             meta.cu_seqlens_q,

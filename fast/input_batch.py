@@ -78,6 +78,7 @@ class StepShape:
     max_query_len: int
     is_decode: bool  # every sequence has exactly one query token
     max_seq_len: int  # keys of the longest sequence, its new ones included (padding rows: 1)
+    padded_query_len: int = 0  # every chunk padded to this many tokens (a verify graph's step); 0: not padded
 
 
 class InputBatch:
@@ -89,10 +90,14 @@ class InputBatch:
         block_size: int,
         padding_block: int,
         device: torch.device,
+        max_seq_len: int | None = None,
     ) -> None:
+        """max_seq_len: the longest sequence a step may hold, padded chunks included (the model's context);
+        None: what the block-table columns hold."""
         self.block_size = block_size
         self.padding_block = padding_block
         self.max_blocks_per_seq = max_blocks_per_seq
+        self.max_seq_len = max_blocks_per_seq * block_size if max_seq_len is None else max_seq_len
         self.max_num_tokens = max_num_tokens
         self.max_num_seqs = max_num_seqs
         # The packed sections at their largest, then room for the pending pairs sent after them.
@@ -277,7 +282,7 @@ class InputBatch:
                 logits[logit_cursor] = row + offset
                 logit_cursor += 1
         self._upload(num_tokens, num_tokens, num_seqs, width)
-        return StepShape(num_tokens, num_seqs, num_tokens, query_len, False, int(seq_lens.max(initial=1)))
+        return StepShape(num_tokens, num_seqs, num_tokens, query_len, False, int(seq_lens.max(initial=1)), query_len)
 
     def set_pending_tokens(self, token_rows: Sequence[int], source: torch.Tensor, source_rows: Sequence[int]) -> None:
         """After `load`: token_ids[token_rows[i]] = source[source_rows[i]], queued on the device.

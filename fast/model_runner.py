@@ -16,6 +16,7 @@ other ranks sit in `serve`, replaying each step from those inputs, until rank 0 
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -122,7 +123,7 @@ def load_step(
         return PreparedStep(inputs.load(sequences, pad_to=size), size, len(sequences))
     if verify_graphs is not None and len(sequences) <= verify_graphs.max_batch:
         query_len = verify_graphs.query_len
-        longest = inputs.max_blocks_per_seq * inputs.block_size
+        longest = inputs.max_seq_len
         if all(len(s.token_ids) <= query_len and s.start + query_len <= longest for s in sequences):
             size = verify_graphs.size_for(len(sequences))
             num_rows = sum(len(s.logit_offsets) for s in sequences)
@@ -187,6 +188,12 @@ class ModelRunner:
         # Rows a step samples: one per sequence, or with speculative decoding one per verify position.
         drafts = settings.speculative.num_speculative_tokens if settings.speculative is not None else 0
         self.max_sample_rows = min(self.max_step_seqs * (1 + drafts), settings.max_num_batched_tokens)
+        # Verify steps of padded chunks (speculative decoding), in CUDA graphs on one device only: the other
+        # ranks of a tensor-parallel group replay what rank 0 names by batch size, which would not tell them
+        # from decode graphs. Their attention's workspace is sized for them wherever they can run.
+        graphs_on = device.type == "cuda" and settings.enable_cuda_graphs
+        verify_batch = verify_graph_batch(self.max_step_seqs, settings.max_num_batched_tokens, drafts)
+        verify_batch = verify_batch if groups is None else 0
         self.startup = StartupTimings()
         with self.startup.timing("weights_s"):
             packed = self._pack(weights)
@@ -210,6 +217,8 @@ class ModelRunner:
             device,
             settings.batch_invariant,
             pdl=pdl,
+            verify_seqs=verify_batch,
+            verify_query_len=1 + drafts,
         )
         with self.startup.timing("pool_s"):
             pool_blocks = self._pool_blocks(engine_config, settings)
@@ -222,6 +231,7 @@ class ModelRunner:
             self.block_size,
             self.cache.padding_block,
             device,
+            settings.model_len,
         )
         self.channel = StepChannel(groups) if groups is not None else None
         # Ranks > 0: the sampled tokens rank 0 shares after a step (async scheduling), which the
@@ -230,18 +240,17 @@ class ModelRunner:
         if groups is not None:
             self._shared_tokens = torch.zeros(self.max_step_seqs, dtype=torch.int64, device=device)
         self.graphs: DecodeGraphs | None = None
-        # Verify steps' graphs (speculative decoding), on one device only: the other ranks of a
-        # tensor-parallel group replay what rank 0 names by batch size, which would not tell the two apart.
         self.verify_graphs: DecodeGraphs | None = None
-        if device.type == "cuda" and self.config.enable_cuda_graphs:
+        if graphs_on:
             with self.startup.timing("graphs_s"):
                 self.graphs = DecodeGraphs(self.max_step_seqs)
                 self.graphs.capture(self._load_padding, self._decode_forward, self.attention.graph_contexts)
-                verify_batch = verify_graph_batch(self.max_step_seqs, settings.max_num_batched_tokens, drafts)
-                if verify_batch and groups is None:
+                if verify_batch:  # one tensor-parallel rank, with speculative decoding
                     self.verify_graphs = DecodeGraphs(verify_batch, query_len=1 + drafts)
                     self.verify_graphs.capture(
-                        self._load_verify_padding, self._verify_forward, lambda size: (settings.model_len,)
+                        self._load_verify_padding,
+                        self._verify_forward,
+                        functools.partial(self.attention.graph_contexts, query_len=1 + drafts),
                     )
             self.startup.num_graphs = self.graphs.num_graphs + (
                 self.verify_graphs.num_graphs if self.verify_graphs is not None else 0
@@ -297,7 +306,9 @@ class ModelRunner:
         if self.channel is not None:
             self._send_step(prepared.shape, prepared.graph_size, num_shared)
         if prepared.verify:
-            logits = self.verify_graphs.replay(prepared.graph_size, self.config.model_len)
+            size, query_len = prepared.graph_size, self.verify_graphs.query_len
+            context = self.attention.decode_context(size, prepared.shape.max_seq_len, query_len)
+            logits = self.verify_graphs.replay(size, context)
         elif prepared.graph_size:
             logits = self._replay(prepared.graph_size, prepared.shape.max_seq_len)
         else:
@@ -396,11 +407,12 @@ class ModelRunner:
 
     def _metadata(self, shape: StepShape) -> StepMetadata:
         inputs = self.inputs
+        query_len = 1 if shape.is_decode else shape.padded_query_len
         return StepMetadata(
-            is_decode=shape.is_decode,
+            query_len=query_len,
             num_seqs=shape.num_seqs,
             max_query_len=shape.max_query_len,
-            decode_context=self.attention.decode_context(shape.num_seqs, shape.max_seq_len),
+            decode_context=self.attention.decode_context(shape.num_seqs, shape.max_seq_len, max(1, query_len)),
             block_tables=inputs.block_tables[: shape.num_seqs],
             seq_lens=inputs.seq_lens[: shape.num_seqs],
             cu_seqlens_q=inputs.cu_seqlens_q[: shape.num_seqs + 1],
@@ -429,10 +441,11 @@ class ModelRunner:
 
     def _verify_forward(self, size: int, context: int) -> torch.Tensor:
         """The forward of `size` padded chunks of 1 + K tokens, logits for all of their rows (the real ones
-        first: InputBatch._load_padded_chunks). Its attention is the prefill kernel's, whose grid depends
-        on the sizes alone (context is max_model_len, unused)."""
-        num_tokens = size * self.verify_graphs.query_len
-        return self._forward(StepShape(num_tokens, size, num_tokens, self.verify_graphs.query_len, False, context))
+        first: InputBatch._load_padded_chunks), the decode attention launched for keys up to context (the
+        prefill kernel's grid, where the decode kernel does not take the step, depends on the sizes alone)."""
+        query_len = self.verify_graphs.query_len
+        num_tokens = size * query_len
+        return self._forward(StepShape(num_tokens, size, num_tokens, query_len, False, context, query_len))
 
     @torch.inference_mode()
     def _compile_kernels(self) -> None:
@@ -576,7 +589,7 @@ class ModelRunner:
             self.device,
         )
         metadata = StepMetadata(
-            False,
+            0,
             shape.num_seqs,
             shape.max_query_len,
             settings.model_len,

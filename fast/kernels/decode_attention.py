@@ -1,21 +1,29 @@
-"""Paged decode attention (one new query per sequence), split along the KV length.
+"""Paged decode attention (query_len new queries per sequence, 1 for a decode step), split along the KV length.
 
 Layout:
-    q                  [num_seqs, num_q_heads, head_dim]
+    q                  [num_seqs * query_len, num_q_heads, head_dim]: sequence s's queries are rows
+                       s * query_len .. s * query_len + query_len - 1, at its last query_len positions
     k_cache, v_cache   [num_blocks, block_size, num_kv_heads, head_dim]   contiguous
     block_tables       int32 [num_seqs, max_blocks_per_seq]; entries past a sequence's blocks
                        are never read, so they may hold anything (e.g. -1)
     seq_lens           int32 [num_seqs]: keys of each sequence, its new token included (>= 1)
-    out                [num_seqs, num_q_heads, head_dim] in q's dtype
+    out                [num_seqs * query_len, num_q_heads, head_dim] in q's dtype
+
+query_len > 1 is a verify step of speculative decoding (fast.attention: every chunk padded to 1 + K
+tokens). Query t of a sequence of seq_len keys sees keys 0 .. seq_len - query_len + t, so the program
+of a (sequence, KV head, split) packs all query_len x group rows into its tile and masks each row at its
+own bound: 5 queries of a 2-head group are rows 0..9 of 16. A split past some rows' bounds leaves those
+rows empty (weight 0, lse -inf), which the reduction skips; split 0 holds key 0, which every row sees.
 
 Flash-decoding in two launches:
   1. `_decode_split_kernel`, grid (num_seqs, num_kv_heads, grid_splits): each program takes
      one KV head of one sequence and ALL the query heads that share that KV head (the GQA
-     group, e.g. 32 q / 8 kv -> 4 heads, padded to 16 rows so `tl.dot` runs on tensor cores),
+     group, e.g. 32 q / 8 kv -> 4 heads, padded to 16 rows so `tl.dot` runs on tensor cores;
+     with query_len > 1, every query's group rows),
      over the splits of `split_size` keys p, p + grid_splits, p + 2 * grid_splits, ... that the
      sequence has (program p of the split axis). K and V of a split are read once. It writes
      each split's normalised partial output and its log-sum-exp into fp32 workspaces.
-  2. `_decode_reduce_kernel`, grid (num_seqs, num_q_heads): rescales the sequence's splits'
+  2. `_decode_reduce_kernel`, grid (num_seqs * query_len, num_q_heads): rescales a query's splits'
      partial outputs by exp(lse_split - lse_max), sums them and divides by the weights' sum.
      Where max_seq_len fits one split the split kernel writes the output itself (WRITE_OUT) and this
      launch is skipped: with one split the reduction multiplies by exp2(0) = 1 and divides by 1, so the
@@ -76,6 +84,20 @@ ONE_PROGRAM_PER_SPLIT_MAX_PER_SM = 124
 # Splits the reduction reads per iteration: a [16, head_dim] fp32 tile stays in registers however
 # many splits max_seq_len allows (a 40,960-token context at 128-key splits has 320).
 _REDUCE_BLOCK_SPLITS = 16
+# The most query rows (queries per sequence x the GQA group) one program's tile packs: a verify step's 5
+# queries of Qwen3-8B's 4-head group are 20 rows in a 32-row tile. Wider steps take the prefill kernel.
+MAX_DECODE_TILE_ROWS = 32
+
+
+def decode_tile_rows(query_len: int, group_size: int) -> int:
+    """The split kernel's tile rows: query_len x group_size rows, padded to a power of two of at least 16
+    (tl.dot's smallest)."""
+    return max(16, triton.next_power_of_2(query_len * group_size))
+
+
+def fits_decode_tile(query_len: int, group_size: int) -> bool:
+    """Whether query_len queries of a group_size-head group fit one program of the decode kernel."""
+    return query_len * group_size <= MAX_DECODE_TILE_ROWS or query_len == 1
 
 
 @triton.jit
@@ -101,6 +123,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_GROUP: tl.constexpr,
+    QUERY_LEN: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     LOOP_SPLITS: tl.constexpr,  # grid_splits < num_splits: a program may take several splits
@@ -125,8 +148,8 @@ def _decode_split_kernel(
     _attend_split(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, out_ptr, q_seq_stride,
         q_head_stride, out_seq_stride, out_head_stride, block_table_stride, num_kv_heads, group_size, split_size,
-        num_splits, scale_log2, seq, kv_head, first_split, seq_len, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, BLOCK_N,
-        DOT_PRECISION, WRITE_OUT,
+        num_splits, scale_log2, seq, kv_head, first_split, seq_len, HEAD_DIM, BLOCK_SIZE, BLOCK_GROUP, QUERY_LEN,
+        BLOCK_N, DOT_PRECISION, WRITE_OUT,
     )  # fmt: skip
     if LOOP_SPLITS:
         grid_splits = tl.num_programs(2)
@@ -135,7 +158,7 @@ def _decode_split_kernel(
                 q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, partial_out_ptr, partial_lse_ptr, out_ptr,
                 q_seq_stride, q_head_stride, out_seq_stride, out_head_stride, block_table_stride, num_kv_heads,
                 group_size, split_size, num_splits, scale_log2, seq, kv_head, split, seq_len, HEAD_DIM, BLOCK_SIZE,
-                BLOCK_GROUP, BLOCK_N, DOT_PRECISION, False,
+                BLOCK_GROUP, QUERY_LEN, BLOCK_N, DOT_PRECISION, False,
             )  # fmt: skip
 
 
@@ -165,25 +188,29 @@ def _attend_split(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_GROUP: tl.constexpr,
+    QUERY_LEN: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     WRITE_OUT: tl.constexpr,
 ):
-    """One split of one sequence and KV head, for all the query heads of its group: keys
+    """One split of one sequence and KV head, for all its queries and the query heads of its group: keys
     [split * split_size, min((split + 1) * split_size, seq_len)), at least one of them. WRITE_OUT (one
     split in all): the normalised output goes straight to out."""
     split_start = split * split_size
     split_end = tl.minimum(split_start + split_size, seq_len)
 
-    # Query rows: the group's heads kv_head*group_size + g for g < group_size; rows
-    # g >= group_size are padding (zeros in, never stored). 4 heads per group -> rows 0..3
-    # are real, 4..15 padding.
-    group_rows = tl.arange(0, BLOCK_GROUP)
-    row_valid = group_rows < group_size
-    q_heads = kv_head * group_size + group_rows
+    # Query rows: row r is query r // group_size of the sequence and head kv_head*group_size +
+    # r % group_size; rows past QUERY_LEN * group_size are padding (zeros in, never stored). One query
+    # of a 4-head group -> rows 0..3 real, 4..15 padding; 5 queries of a 2-head group -> rows 0..9.
+    rows = tl.arange(0, BLOCK_GROUP)
+    row_valid = rows < QUERY_LEN * group_size
+    q_rows = seq.to(tl.int64) * QUERY_LEN + rows // group_size  # q's row of each tile row
+    q_heads = kv_head * group_size + rows % group_size
+    # Each row's keys end at its own position: query t sees keys < seq_len - QUERY_LEN + 1 + t.
+    key_ends = seq_len - QUERY_LEN + 1 + rows // group_size
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(
-        q_ptr + seq.to(tl.int64) * q_seq_stride + q_heads[:, None] * q_head_stride + dims[None, :],
+        q_ptr + q_rows[:, None] * q_seq_stride + q_heads[:, None] * q_head_stride + dims[None, :],
         mask=row_valid[:, None],
         other=0.0,
     )
@@ -212,27 +239,37 @@ def _attend_split(
 
         # scores [BLOCK_GROUP, BLOCK_N] = q [BLOCK_GROUP, D] @ k^T [D, BLOCK_N]
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-        scores = tl.where(token_valid[None, :], scores, float("-inf"))
-        # Every tile holds at least one valid token (tile_start < split_end), so the new max is finite.
+        scores = tl.where(tokens[None, :] < key_ends[:, None], scores, float("-inf"))
+        # With one query every tile holds a key of every row (tile_start < split_end), so the max is
+        # finite; with more, a row whose keys all lie before the tile keeps -inf: it is shifted by 0
+        # instead, so its probabilities are exp2(-inf) = 0 and its correction exp2(-inf) = 0, not NaN.
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        if QUERY_LEN > 1:
+            new_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         correction = tl.exp2(row_max - new_max)
         probs = tl.exp2(scores - new_max[:, None])
         row_sum = row_sum * correction + tl.sum(probs, axis=1)
         acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
         row_max = new_max
 
-    # Every split holds at least one key, so row_sum >= 1 (its max term is exp2(0)).
-    lse = row_max + tl.log2(row_sum)
-    partial = acc / row_sum[:, None]
+    # A row with a key in the split has row_sum >= 1 (its max term is exp2(0)). With more than one
+    # query a row may have none: its row_sum is 0, and its split weighs nothing (lse -inf, output 0).
+    if QUERY_LEN > 1:
+        has_keys = row_sum > 0.0
+        lse = tl.where(has_keys, row_max + tl.log2(row_sum), float("-inf"))
+        partial = acc / tl.where(has_keys, row_sum, 1.0)[:, None]
+    else:
+        lse = row_max + tl.log2(row_sum)
+        partial = acc / row_sum[:, None]
 
     if WRITE_OUT:
         # One split: the reduction would weigh it by exp2(0) = 1 and divide by 1, so this is its result.
-        out_offsets = seq.to(tl.int64) * out_seq_stride + q_heads[:, None] * out_head_stride + dims[None, :]
+        out_offsets = q_rows[:, None] * out_seq_stride + q_heads[:, None] * out_head_stride + dims[None, :]
         tl.store(out_ptr + out_offsets, partial.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
     else:
-        # Workspace index: ((seq * num_q_heads + q_head) * num_splits + split).
+        # Workspace index: ((q_row * num_q_heads + q_head) * num_splits + split).
         num_q_heads = num_kv_heads * group_size
-        lse_index = (seq.to(tl.int64) * num_q_heads + q_heads) * num_splits + split
+        lse_index = (q_rows * num_q_heads + q_heads) * num_splits + split
         tl.store(partial_lse_ptr + lse_index, lse, mask=row_valid)
         tl.store(partial_out_ptr + lse_index[:, None] * HEAD_DIM + dims[None, :], partial, mask=row_valid[:, None])
 
@@ -250,18 +287,19 @@ def _decode_reduce_kernel(
     split_size,
     HEAD_DIM: tl.constexpr,
     BLOCK_SPLITS: tl.constexpr,
+    QUERY_LEN: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
-    seq = tl.program_id(0)
+    q_row = tl.program_id(0)  # query q_row % QUERY_LEN of sequence q_row // QUERY_LEN
     q_head = tl.program_id(1)
     # Only the sequence's own splits were written: seq_len=1300, split_size=512 -> splits 0..2.
     # The count never depends on max_seq_len, so a long maximum context costs nothing here.
-    num_used = tl.cdiv(tl.load(seq_lens_ptr + seq), split_size)
-    base = (seq.to(tl.int64) * num_q_heads + q_head) * num_splits
+    num_used = tl.cdiv(tl.load(seq_lens_ptr + q_row // QUERY_LEN), split_size)
+    base = (q_row.to(tl.int64) * num_q_heads + q_head) * num_splits
     dims = tl.arange(0, HEAD_DIM)
 
-    # Pass 1: the largest split lse (split 0 always holds a key, so it is finite).
+    # Pass 1: the largest split lse (split 0 holds key 0, which every query sees, so it is finite).
     total_max = float("-inf")
     for start in range(0, num_used, BLOCK_SPLITS):
         splits = start + tl.arange(0, BLOCK_SPLITS)
@@ -280,7 +318,7 @@ def _decode_reduce_kernel(
         )
         combined += tl.sum(partial * weights[:, None], axis=0)
         weight_sum += tl.sum(weights, axis=0)
-    out_offsets = seq.to(tl.int64) * out_seq_stride + q_head * out_head_stride + dims
+    out_offsets = q_row.to(tl.int64) * out_seq_stride + q_head * out_head_stride + dims
     tl.store(out_ptr + out_offsets, (combined / weight_sum).to(out_ptr.dtype.element_ty))
 
 
@@ -346,25 +384,38 @@ def decode_attention(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     pdl: bool = False,
     grid_splits: int | None = None,
+    query_len: int = 1,
 ) -> torch.Tensor:
-    """Attention of one query per sequence over its paged cache; returns [num_seqs, num_q_heads, head_dim].
+    """Attention of query_len queries per sequence (its last positions) over its paged cache; returns
+    [num_seqs * query_len, num_q_heads, head_dim].
 
     max_seq_len: host-known upper bound on every seq_lens entry; it fixes the number of
         splits, cdiv(max_seq_len, split_size). Keys past a sequence's seq_lens are never read.
     split_size: keys per split (power of two, multiple of block_n); default chosen from the
         shapes and the SM count.
-    workspace: (partial_out fp32 [>= num_seqs, num_q_heads, >= num_splits, head_dim],
-        partial_lse fp32 [>= num_seqs, num_q_heads, >= num_splits]) owned by the caller, so that
+    workspace: (partial_out fp32 [>= num_seqs * query_len, num_q_heads, >= num_splits, head_dim],
+        partial_lse fp32 [>= num_seqs * query_len, num_q_heads, >= num_splits]) owned by the caller, so that
         nothing is allocated per call (see `decode_workspace`); default: allocated here.
     grid_splits: programs along the split axis (1..num_splits); default from the shapes and the SM
         count. The result is the same bits for every value (tests pin it).
-    Every seq_lens entry must be >= 1 and <= max_seq_len (not checked: it would need a sync).
+    query_len: queries per sequence; (query_len x the GQA group) rows share a program's tile, at most
+        MAX_DECODE_TILE_ROWS (`fits_decode_tile`).
+    Every seq_lens entry must be >= query_len and <= max_seq_len (not checked: it would need a sync).
     """
     q = check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    num_seqs, num_q_heads, head_dim = q.shape  # one query row per sequence
+    check_positive_int("query_len", query_len)
+    num_rows, num_q_heads, head_dim = q.shape
+    if num_rows % query_len:
+        raise ValueError(f"q's {num_rows} rows are not a whole number of sequences of query_len {query_len}")
+    num_seqs = num_rows // query_len
     block_size, num_kv_heads = check_paged_attention_inputs(
         q, k_cache, v_cache, block_tables, seq_lens, scale, num_seqs
     )
+    if not fits_decode_tile(query_len, num_q_heads // num_kv_heads):
+        raise ValueError(
+            f"query_len {query_len} x a GQA group of {num_q_heads // num_kv_heads} heads exceeds the decode tile's "
+            f"{MAX_DECODE_TILE_ROWS} rows"
+        )
     check_positive_int("max_seq_len", max_seq_len)
     if max_seq_len > block_tables.shape[1] * block_size:
         raise ValueError(
@@ -393,8 +444,8 @@ def decode_attention(
 
     group_size = num_q_heads // num_kv_heads
     if workspace is None:
-        workspace = decode_workspace(num_seqs, num_q_heads, num_splits, head_dim, q.device)
-    partial_out, partial_lse = _workspace_views(workspace, num_seqs, num_q_heads, num_splits, head_dim)
+        workspace = decode_workspace(num_rows, num_q_heads, num_splits, head_dim, q.device)
+    partial_out, partial_lse = _workspace_views(workspace, num_rows, num_q_heads, num_splits, head_dim)
     _decode_split_kernel[(num_seqs, num_kv_heads, grid_splits)](
         q,
         k_cache,
@@ -416,8 +467,8 @@ def decode_attention(
         scale * _LOG2_E,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
-        # tl.dot needs at least 16 rows; the GQA group is padded up to that.
-        BLOCK_GROUP=max(16, triton.next_power_of_2(group_size)),
+        BLOCK_GROUP=decode_tile_rows(query_len, group_size),
+        QUERY_LEN=query_len,
         BLOCK_N=block_n,
         # fp32 inputs: full-precision dot (Triton's default would be tf32 on GPUs).
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
@@ -430,7 +481,7 @@ def decode_attention(
     )
     if num_splits == 1:
         return out
-    _decode_reduce_kernel[(num_seqs, num_q_heads)](
+    _decode_reduce_kernel[(num_rows, num_q_heads)](
         partial_out,
         partial_lse,
         seq_lens,
@@ -442,6 +493,7 @@ def decode_attention(
         split_size,
         HEAD_DIM=head_dim,
         BLOCK_SPLITS=_REDUCE_BLOCK_SPLITS,
+        QUERY_LEN=query_len,
         USE_PDL=pdl,
         launch_pdl=pdl,
         num_warps=4,
@@ -450,29 +502,29 @@ def decode_attention(
 
 
 def decode_workspace(
-    max_num_seqs: int, num_q_heads: int, max_num_splits: int, head_dim: int, device: torch.device
+    max_num_rows: int, num_q_heads: int, max_num_splits: int, head_dim: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split workspaces for up to `max_num_seqs` sequences and `max_num_splits` splits."""
-    partial_out = torch.empty((max_num_seqs, num_q_heads, max_num_splits, head_dim), dtype=torch.float32, device=device)
-    partial_lse = torch.empty((max_num_seqs, num_q_heads, max_num_splits), dtype=torch.float32, device=device)
+    """Split workspaces for up to `max_num_rows` query rows (sequences x query_len) and `max_num_splits` splits."""
+    partial_out = torch.empty((max_num_rows, num_q_heads, max_num_splits, head_dim), dtype=torch.float32, device=device)
+    partial_lse = torch.empty((max_num_rows, num_q_heads, max_num_splits), dtype=torch.float32, device=device)
     return partial_out, partial_lse
 
 
 def _workspace_views(
-    workspace: tuple[torch.Tensor, torch.Tensor], num_seqs: int, num_q_heads: int, num_splits: int, head_dim: int
+    workspace: tuple[torch.Tensor, torch.Tensor], num_rows: int, num_q_heads: int, num_splits: int, head_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Contiguous [num_seqs, num_q_heads, num_splits, (head_dim)] views at the start of the workspaces.
+    """Contiguous [num_rows, num_q_heads, num_splits, (head_dim)] views at the start of the workspaces.
 
-    The kernels index the workspaces densely ((seq * num_q_heads + head) * num_splits + split), so
+    The kernels index the workspaces densely ((q_row * num_q_heads + head) * num_splits + split), so
     the views are flat prefixes of the buffers, not slices of their leading dimensions.
     """
     partial_out, partial_lse = workspace
-    needed = num_seqs * num_q_heads * num_splits
+    needed = num_rows * num_q_heads * num_splits
     for name, buffer, per_row in (("partial_out", partial_out, head_dim), ("partial_lse", partial_lse, 1)):
         if buffer.dtype != torch.float32 or not buffer.is_contiguous() or buffer.numel() < needed * per_row:
             raise ValueError(
                 f"workspace {name} must be a contiguous fp32 tensor of at least {needed * per_row} elements"
             )
-    flat_out = partial_out.view(-1)[: needed * head_dim].view(num_seqs, num_q_heads, num_splits, head_dim)
-    flat_lse = partial_lse.view(-1)[:needed].view(num_seqs, num_q_heads, num_splits)
+    flat_out = partial_out.view(-1)[: needed * head_dim].view(num_rows, num_q_heads, num_splits, head_dim)
+    flat_lse = partial_lse.view(-1)[:needed].view(num_rows, num_q_heads, num_splits)
     return flat_out, flat_lse

@@ -18,31 +18,33 @@ NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 2, 32, 16
 SEQ_LENS = [5, 40, 17, 33, 64]
 
 
-def _decode_step(group: int, dtype: torch.dtype):
-    """One decode step of len(SEQ_LENS) sequences: (q [S, Hq, D], cache, metadata, expected output)."""
+def _decode_step(group: int, dtype: torch.dtype, query_len: int = 1):
+    """One step of len(SEQ_LENS) sequences of query_len query tokens each (1: a decode step; more: a verify
+    step's padded chunks): (q [S * query_len, Hq, D], cache, metadata, expected output)."""
     generator = seeded_generator(11)
     cache = build_paged_cache(SEQ_LENS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, dtype, generator)
-    q = torch.randn((len(SEQ_LENS), NUM_KV_HEADS * group, HEAD_DIM), generator=generator).to(dtype).to(DEVICE)
+    num_rows = len(SEQ_LENS) * query_len
+    q = torch.randn((num_rows, NUM_KV_HEADS * group, HEAD_DIM), generator=generator).to(dtype).to(DEVICE)
     metadata = StepMetadata(
-        is_decode=True,
+        query_len=query_len,
         num_seqs=len(SEQ_LENS),
-        max_query_len=1,
+        max_query_len=query_len,
         decode_context=80,
         block_tables=cache.block_tables.clamp(min=0),  # the engine's padding columns point at a real block
         seq_lens=cache.seq_lens,
-        cu_seqlens_q=torch.arange(len(SEQ_LENS) + 1, dtype=torch.int32, device=DEVICE),
+        cu_seqlens_q=torch.arange(0, num_rows + 1, query_len, dtype=torch.int32, device=DEVICE),
     )
     scale = HEAD_DIM**-0.5
     expected = torch.cat(
         [
-            reference_causal_attention(q[s : s + 1], k, v, scale)
+            reference_causal_attention(q[s * query_len : (s + 1) * query_len], k, v, scale)
             for s, (k, v) in enumerate(zip(cache.keys, cache.values, strict=True))
         ]
     )
     return q, cache, metadata, expected
 
 
-def _backend(group: int, packed_decode_min_seqs: int) -> PagedAttention:
+def _backend(group: int, packed_decode_min_seqs: int, verify_query_len: int = 1) -> PagedAttention:
     return PagedAttention(
         NUM_KV_HEADS * group,
         NUM_KV_HEADS,
@@ -51,6 +53,8 @@ def _backend(group: int, packed_decode_min_seqs: int) -> PagedAttention:
         max_model_len=80,  # the test cache's table width: 5 blocks of 16
         device=DEVICE,
         packed_decode_min_seqs=packed_decode_min_seqs,
+        verify_seqs=8,
+        verify_query_len=verify_query_len,
     )
 
 
@@ -68,6 +72,48 @@ def test_a_decode_step_of_many_sequences_runs_packed_rows_and_matches_the_decode
         split = _backend(group, packed_decode_min_seqs=8).for_step(metadata).attend(q, cache.k_cache, cache.v_cache)
     assert_close_scaled(packed, expected, dtype, "packed decode rows")
     assert_close_scaled(split, expected, dtype, "split decode kernel")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("group", "query_len"), [(1, 5), (2, 5), (3, 3)])
+def test_a_verify_step_of_padded_chunks_runs_the_decode_kernel_and_matches_packed_rows(
+    dtype: torch.dtype, group: int, query_len: int
+) -> None:
+    """A verify step (every chunk query_len tokens, the last ones of its sequence): at or below the packed
+    threshold the split decode kernel takes all of a chunk's rows, above it the packed prefill kernel."""
+    q, cache, metadata, expected = _decode_step(group, dtype, query_len)
+    with mock.patch.object(fast.attention, "decode_attention", side_effect=AssertionError("decode kernel ran")):
+        packed = _backend(group, 2, query_len).for_step(metadata).attend(q, cache.k_cache, cache.v_cache)
+    with mock.patch.object(fast.attention, "prefill_attention", side_effect=AssertionError("prefill kernel ran")):
+        split = _backend(group, 8, query_len).for_step(metadata).attend(q, cache.k_cache, cache.v_cache)
+    assert_close_scaled(packed, expected, dtype, "packed verify rows")
+    assert_close_scaled(split, expected, dtype, "split decode kernel, several queries")
+
+
+def test_a_verify_step_too_wide_for_the_decode_tile_takes_the_prefill_kernel() -> None:
+    assert _backend(4, 8, verify_query_len=8).runs_decode_kernel(5, query_len=8)  # 32 rows: one tile
+    too_wide = _backend(4, 8, verify_query_len=9)
+    assert not too_wide.runs_decode_kernel(5, query_len=9)  # 36 rows
+    assert too_wide.decode_context(5, 40, query_len=9) == 80  # the prefill grid: one bound, max_model_len
+
+
+def test_only_the_verify_steps_the_workspace_holds_take_the_decode_kernel() -> None:
+    backend = _backend(2, 8, verify_query_len=5)
+    assert backend.runs_decode_kernel(8, query_len=5)
+    assert not backend.runs_decode_kernel(8, query_len=4)  # not the verify graphs' chunk length
+    assert not _backend(2, 8).runs_decode_kernel(2, query_len=5)  # no verify steps: no room for their rows
+
+
+def test_the_decode_workspace_holds_the_largest_verify_step() -> None:
+    """The verify graphs' largest step at max_model_len writes (sequences x 1 + K) query rows of partial
+    outputs per split; an engine with no verify graphs keeps the decode step's size."""
+    plain = PagedAttention(4, 2, HEAD_DIM, max_num_seqs=8, max_model_len=1024, device=DEVICE)
+    verify = PagedAttention(
+        4, 2, HEAD_DIM, max_num_seqs=8, max_model_len=1024, device=DEVICE, verify_seqs=8, verify_query_len=5
+    )
+    splits = -(-1024 // fast.attention.decode_split_size(8))
+    assert plain.workspace[1].numel() == 8 * 4 * splits
+    assert verify.workspace[1].numel() == 8 * 5 * 4 * splits
 
 
 def test_a_group_wider_than_the_packed_tile_keeps_the_decode_kernel() -> None:

@@ -140,6 +140,8 @@ def test_a_padded_verify_step_computes_the_unpadded_logits(tiny_weights, batch_i
     plain = runner.launch(load_step(runner.inputs, verify, None)).clone()
     padded_step = load_step(runner.inputs, verify, None, DecodeGraphs(4, query_len=QUERY_LEN))
     assert padded_step.verify and padded_step.graph_size == 4 and padded_step.num_rows == 7
+    # Its attention: the split decode kernel over each chunk's rows, the packed prefill kernel when invariant.
+    assert runner.attention.runs_decode_kernel(4, QUERY_LEN) is not batch_invariant
     # The padded forward run eagerly: what the verify graph captures.
     results = {"padded eager": runner.launch(replace(padded_step, graph_size=0, verify=False)).clone()}
     if runner.verify_graphs is not None:  # on a GPU: the captured graph, replayed

@@ -26,6 +26,7 @@ def _run_case(
     split_size: int | None = None,
     block_n: int | None = None,
     extra_max_len: int = 0,
+    query_len: int = 1,
 ) -> None:
     generator = seeded_generator(seed)
     # Extra table columns let max_seq_len run past the longest sequence (a graph captured for a
@@ -35,7 +36,7 @@ def _run_case(
         seq_lens, block_size, num_kv_heads, head_dim, dtype, generator, spare_table_columns=extra_columns
     )
     num_q_heads = num_kv_heads * group
-    q = torch.randn((len(seq_lens), num_q_heads, head_dim), generator=generator).to(dtype).to(DEVICE)
+    q = torch.randn((len(seq_lens) * query_len, num_q_heads, head_dim), generator=generator).to(dtype).to(DEVICE)
     scale = 1.0 / math.sqrt(head_dim)
     out = poisoned_like(q)
     max_seq_len = max(seq_lens) + extra_max_len
@@ -50,15 +51,16 @@ def _run_case(
         split_size=split_size,
         block_n=block_n,
         out=out,
+        query_len=query_len,
     )
     assert result is out
     expected = torch.cat(
         [
-            reference_causal_attention(q[i : i + 1], k, v, scale)
+            reference_causal_attention(q[i * query_len : (i + 1) * query_len], k, v, scale)
             for i, (k, v) in enumerate(zip(cache.keys, cache.values, strict=True))
         ]
     )
-    assert_close_scaled(out, expected, dtype, f"decode seq_lens={seq_lens}")
+    assert_close_scaled(out, expected, dtype, f"decode seq_lens={seq_lens} query_len={query_len}")
 
 
 @st.composite
@@ -82,6 +84,40 @@ def test_decode_matches_reference_small(dtype: torch.dtype, case: dict, split_si
     _run_case(head_dim=64, dtype=dtype, split_size=split_size, block_n=16, **case)
 
 
+@st.composite
+def _verify_cases(draw: st.DrawFn) -> dict:
+    """Several queries per sequence (a verify step's chunks), at lengths where a split holds keys that only
+    the later queries see: 33 keys at split size 16 -> split 2 holds key 32, seen by the last query alone."""
+    query_len = draw(st.integers(2, 5))
+    group = draw(st.sampled_from([g for g in (1, 2, 4) if query_len * g <= 32]))
+    num_seqs = draw(st.integers(1, 3))
+    return {
+        "seq_lens": [draw(st.integers(query_len, 80)) for _ in range(num_seqs)],
+        "block_size": 16,
+        "num_kv_heads": draw(st.sampled_from([1, 2])),
+        "group": group,
+        "seed": draw(st.integers(0, 2**31 - 1)),
+        "extra_max_len": draw(st.sampled_from([0, 40])),
+        "query_len": query_len,
+    }
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@kernel_settings(cpu_examples=15)
+@given(case=_verify_cases(), split_size=st.sampled_from([16, 32, None]))
+def test_decode_of_several_queries_matches_reference(dtype: torch.dtype, case: dict, split_size: int | None) -> None:
+    _run_case(head_dim=64, dtype=dtype, split_size=split_size, block_n=16, **case)
+
+
+def test_decode_of_several_queries_refuses_a_tile_too_wide() -> None:
+    cache = build_paged_cache([40], 16, 1, 64, torch.float32, seeded_generator(0))
+    q = torch.zeros((9, 4, 64), device=DEVICE)  # 9 queries x a 4-head group: 36 rows
+    with pytest.raises(ValueError, match="exceeds the decode tile"):
+        decode_attention(q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125, 40, query_len=9)
+    with pytest.raises(ValueError, match="whole number of sequences"):
+        decode_attention(q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125, 40, query_len=2)
+
+
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 def test_decode_default_split_and_tile(dtype: torch.dtype) -> None:
     _run_case(seq_lens=[300, 1, 257], num_kv_heads=2, group=4, head_dim=64, block_size=16, dtype=dtype, seed=5)
@@ -94,6 +130,18 @@ def test_decode_default_split_and_tile(dtype: torch.dtype) -> None:
 @given(case=_decode_cases(max_blocks=40, block_sizes=[16, 64, 256]))
 def test_decode_matches_reference_gpu(dtype: torch.dtype, head_dim: int, case: dict) -> None:
     _run_case(head_dim=head_dim, dtype=dtype, **case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("query_len", [2, 5])
+def test_decode_of_several_queries_gpu(dtype: torch.dtype, query_len: int) -> None:
+    """Verify steps at the qwen3-0.6b and 8B head shapes, at the engine's small-batch split size."""
+    for group in (2, 4):
+        _run_case(
+            seq_lens=[707, query_len, 1300], num_kv_heads=8, group=group, head_dim=128, block_size=16, dtype=dtype,
+            seed=3, split_size=128, extra_max_len=2048, query_len=query_len,
+        )  # fmt: skip
 
 
 @pytest.mark.gpu
