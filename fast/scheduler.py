@@ -203,6 +203,9 @@ class Scheduler:
         drafts = self.proposer.propose(
             [request.all_token_ids for _, request, _ in candidates], [limit for *_, limit in candidates]
         )
+        for (_, request, _), draft in zip(candidates, drafts, strict=True):
+            if not draft:
+                self._gates[request.request_id].record_empty_proposal(len(request.output_token_ids))
         allocator, block_size = self.allocator, self.config.block_size
         for (index, request, limit), draft in zip(candidates, drafts, strict=True):
             if budget <= 0:

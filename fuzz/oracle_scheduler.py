@@ -107,10 +107,10 @@ class OracleScheduler:
         decoding = [index for index, chunk in enumerate(chunks) if chunk.num_tokens == 1 and chunk.samples]
         rows = speculative.large_batch_rows
         large = rows is not None and len(decoding) >= rows
+        if budget <= 0:  # no budget left by the plain chunks: nobody is asked
+            return budget
         for index in decoding:
             chunk = chunks[index]
-            if budget <= 0:
-                continue
             request = by_id[chunk.request_id]
             if not self._may_propose(request, large):
                 continue
@@ -119,6 +119,12 @@ class OracleScheduler:
             if limit <= 0:
                 continue
             draft = propose_ngram(request.tokens, limit, speculative.ngram_min, speculative.ngram_max)
+            if not draft:  # asked, nothing found: judged as one rejected draft token, whatever the budget
+                self.gate_events["empty_proposals"] += 1
+                self._judge(request, 1, 0)
+                continue
+            if budget <= 0:
+                continue
             covered = len(request.tokens)
             fits = (len(self.pool.tables[request.request_id]) + self.pool.num_free_blocks) * self.config.block_size
             draft = draft[: min(budget, fits - covered)]

@@ -114,6 +114,9 @@ class Scheduler:
         if not candidates:
             return budget
         drafts = self.proposer.propose([r.all_token_ids for _, r, _ in candidates], [limit for *_, limit in candidates])
+        for (_, request, _), draft in zip(candidates, drafts, strict=True):
+            if not draft:  # the proposer had nothing: recorded as a rejected draft token (spec.scheduling 2b)
+                self._gates[request.request_id].record_empty_proposal(len(request.output_token_ids))
         for (index, request, limit), draft in zip(candidates, drafts, strict=True):
             if budget <= 0:
                 break

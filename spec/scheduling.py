@@ -20,7 +20,10 @@ Policy, one step (two implementations that follow it make identical decisions):
    gate lets it (spec.speculative.AcceptanceGate.may_propose: not paused and, in a large step,
    a proven high acceptance) asks the proposer, all in one call, for a draft of at most
    draft_limit(K, outputs, max_outputs) = min(K, max_outputs - outputs - 1) tokens (so the
-   step can never take the request past max_tokens or max_model_len). In running order, each
+   step can never take the request past max_tokens or max_model_len). Each request the proposer
+   gives an empty draft records it in its gate, in running order (AcceptanceGate.
+   record_empty_proposal: one drafted token, none accepted, its output count), which may pause
+   it. In running order, each
    draft is cut to min(budget, `draft_room`) tokens: draft_room is what the request's table and
    the free blocks can cover beyond its chunk, so a draft never preempts anyone and never
    takes a block a plain step would need from a request scheduled before it. A draft left

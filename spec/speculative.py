@@ -195,6 +195,8 @@ class AcceptanceGate:
     two schedulers that apply the same steps make the same choices.
 
     * window: (drafted, accepted) of the request's newest verify chunks since it last paused, at most W.
+    * An empty proposal counts as a verify chunk of one drafted token and none accepted
+      (`record_empty_proposal`).
     * After a verify chunk the request is judged when its window holds W chunks, or on the one chunk
       of a probe (the first verify after a pause): it fails when accepted < min_acceptance_rate * drafted
       over the window. Failing pauses it for `backoff` output tokens (resume_at), clears the window, makes
@@ -234,6 +236,16 @@ class AcceptanceGate:
         self.backoff = min(2 * self.backoff, self.config.max_backoff_outputs)
         self.window.clear()
         return True
+
+    def record_empty_proposal(self, num_outputs: int) -> bool:
+        """The proposer had no draft for the request when it asked (num_outputs: its output tokens): recorded
+        as a verify chunk of one drafted token and none accepted. Whether the request paused.
+
+        Why: a request whose tokens never repeat (a prompt of random ids) would otherwise ask in every step
+        and never pause, and a step in which anyone may ask is planned only once the previous step's tokens
+        are read (no step ahead under async scheduling): on an H200 that cost offline-256's tail about 110
+        steps planned after the fact (reports/results/bench/speculative_session6/)."""
+        return self.record(1, 0, num_outputs)
 
     def state(self) -> tuple[int, int, bool, tuple[tuple[int, int], ...]]:
         """(resume_at, backoff, probing, window): all that decides its future choices."""

@@ -26,12 +26,14 @@ class PlantedDrafts:
     So a test gets drafts accepted whole, cut after a few agreeing tokens and rejected at once, on a
     random model whose outputs prompt lookup would rarely guess. wrong(request, i): whether output
     index i of the request (its index in `plain`) is guessed wrong; beyond the plain output (a request
-    that stopped), every guess is wrong. `asked` records (request, its output count) per draft asked for.
+    that stopped), every guess is wrong; a request in `silent` gets empty drafts. `asked` records (request,
+    its output count) per draft asked for.
     """
 
     plain: Sequence[RequestOutput]
     vocab_size: int
     wrong: Callable[[int, int], bool] = periodically_wrong
+    silent: frozenset[int] = frozenset()  # requests the proposer finds nothing for: their drafts are empty
     calls: int = 0
     asked: list[tuple[int, int]] = field(default_factory=list)
 
@@ -50,6 +52,8 @@ class PlantedDrafts:
         )
         done = len(tokens) - len(output.prompt_token_ids)
         self.asked.append((request, done))
+        if request in self.silent:
+            return ()
         draft = []
         for index in range(done, done + limit):
             truth = output.token_ids[index] if index < len(output.token_ids) else 0

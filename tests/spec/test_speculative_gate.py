@@ -70,6 +70,16 @@ def test_gate_pauses_backs_off_and_probes() -> None:
     assert gate.may_propose(20, large_batch=True)  # 7 of 8 accepted over a full window
 
 
+def test_an_empty_proposal_counts_as_a_rejected_draft_token() -> None:
+    gate = AcceptanceGate(SpeculativeConfig("ngram", 4, **GATE))
+    assert not gate.record_empty_proposal(num_outputs=1)  # the window of 2 is not full
+    assert gate.record_empty_proposal(num_outputs=2)  # 0 of 2: paused for 3 outputs
+    assert gate.state() == (5, 4, True, ())
+    assert not gate.record(4, 4, num_outputs=9)  # a probe that holds: back-off reset
+    assert gate.state() == (5, 3, False, ((4, 4),))
+    assert not gate.record_empty_proposal(num_outputs=10)  # 4 of 5 accepted over the window: no pause
+
+
 def test_large_steps_and_disabled_gates() -> None:
     config = SpeculativeConfig("ngram", 2)
     assert (config.acceptance_window, config.min_acceptance_rate, config.large_batch_rows) == (4, 0.25, 32)
@@ -118,6 +128,27 @@ def test_wrong_drafts_stop_and_are_probed_while_right_drafts_keep_going(engine_n
     assert drafts.asked_at(0) == [1, 2, 6, 11]
     assert drafts.asked_at(1) == [1, 4, 7, 10]
     assert sorted(log.verifies) == [(2, 1)] * 4 + [(2, 3)] * 4  # rejected at once; accepted whole
+
+
+@pytest.mark.differential
+def test_a_request_the_proposer_finds_nothing_for_pauses_and_probes(tiny_weights) -> None:
+    """K = 2, 14 outputs each, side by side, GATE as above: request 0's drafts are always empty (its tokens
+    never repeat, say), request 1's always right. Request 0 is asked at 1 and 2 outputs (each empty
+    proposal recorded as one rejected draft token); the window then holds 0 of 2: paused to 2 + 3 = 5. The
+    probe at 5 finds nothing: paused to 5 + 4 = 9, then 9 + 4 = 13, where draft_limit is 0. Without the
+    pauses it would be asked at every one of its 13 decode steps, and none of them could be planned ahead
+    of the last step's tokens (fast.scheduler.Scheduler.may_propose_next). Request 1 as in the test above.
+    The reference engine only: the rule lives in spec.speculative and the schedulers, and the scheduler
+    fuzzer holds the fast scheduler's gates to the oracle's at every step."""
+    prompt_ids, params = prompts(11, 6, 9), [greedy(14), greedy(14)]
+    plain = plain_run("reference", tiny_weights, prompt_ids, params)
+    engine, drafts = planted_engine("reference", tiny_weights, plain, always_right, **GATE)
+    drafts.silent = frozenset({0})
+    log = spy_verifies(engine)
+    assert_same_outputs(engine.generate(prompt_ids, params), plain, tolerance("reference"))
+    assert drafts.asked_at(0) == [1, 2, 5, 9]
+    assert drafts.asked_at(1) == [1, 4, 7, 10]
+    assert sorted(log.verifies) == [(2, 3)] * 4  # request 1's, accepted whole; request 0 never verifies
 
 
 @pytest.mark.differential
