@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import triton
@@ -74,6 +75,14 @@ class StartupTimings:
         started = time.perf_counter()
         yield
         setattr(self, phase, getattr(self, phase) + time.perf_counter() - started)
+
+
+class PoolRoom(NamedTuple):
+    """KV blocks that fit beside weights and activations: within gpu_memory_utilization of the GPU's memory (the
+    pool the engine sizes itself), and in the memory free now (the most a pool given explicitly may take)."""
+
+    utilization_blocks: int
+    free_blocks: int
 
 
 @dataclass(frozen=True)
@@ -508,29 +517,35 @@ class ModelRunner:
         )
 
     def _pool_blocks(self, requested: EngineConfig, settings: EngineConfig) -> int | None:
-        """The pool size: as requested, or measured from free GPU memory. None on CPU (the default)."""
+        """The pool size: as requested (it must fit in the GPU's free memory), or sized from
+        gpu_memory_utilization (EngineConfig). None on CPU (the default)."""
         if self.device.type != "cuda":
             return None
-        affordable = self._affordable_blocks(settings)
-        if self.collectives is not None:  # every rank gets the same pool: the smallest free memory wins
-            affordable = self.collectives.agree_min(affordable)
-        wanted = requested.num_blocks if requested.num_blocks is not None else affordable
-        if wanted > affordable:
-            raise ConfigError(
-                f"num_blocks {wanted} does not fit in GPU memory: gpu_memory_utilization "
-                f"{settings.gpu_memory_utilization} leaves room for {affordable} blocks after weights and activations"
-            )
+        room = self._pool_room(settings)
+        if self.collectives is not None:  # every rank gets the same pool: the smallest room wins
+            room = PoolRoom(*(self.collectives.agree_min(blocks) for blocks in room))
+        if requested.num_blocks is not None:
+            # A pool given explicitly is the user's own choice: gpu_memory_utilization sizes only the pool the
+            # engine chooses (so a small pool on a GPU other processes share is not refused for their memory).
+            if requested.num_blocks > room.free_blocks:
+                raise ConfigError(
+                    f"num_blocks {requested.num_blocks} does not fit in GPU memory: the free memory after weights "
+                    f"and activations holds {room.free_blocks} blocks"
+                )
+            return requested.num_blocks
+        affordable = room.utilization_blocks
         needed = triton.cdiv(settings.model_len, settings.block_size)
-        if requested.num_blocks is None and affordable < needed:
+        if affordable < needed:
             raise ConfigError(
                 f"the KV pool fits {affordable} blocks ({affordable * settings.block_size} tokens) in "
                 f"gpu_memory_utilization {settings.gpu_memory_utilization}, less than one request of max_model_len "
                 f"{settings.model_len} needs ({needed} blocks); lower max_model_len or raise gpu_memory_utilization"
             )
-        return wanted
+        return affordable
 
-    def _affordable_blocks(self, settings: EngineConfig) -> int:
-        """Blocks that fit in gpu_memory_utilization after weights and a full-budget warm-up forward."""
+    def _pool_room(self, settings: EngineConfig) -> PoolRoom:
+        """Blocks that fit after weights and a full-budget warm-up forward: within gpu_memory_utilization,
+        and in the memory free now."""
         config = self.model_config
         torch.cuda.synchronize(self.device)
         gc.collect()  # an engine dropped in a reference cycle still holds its pool until collected
@@ -553,13 +568,15 @@ class ModelRunner:
         used = total - free  # weights, CUDA context, other processes
         budget = total * settings.gpu_memory_utilization - used - activation_peak
         blocks = int(budget // block_bytes) - 1  # one block is the padding block
+        free_blocks = int((free - activation_peak) // block_bytes) - 1
         logger.info(
-            "KV pool: %d blocks (%.2f GiB); activation peak %.2f GiB",
+            "KV pool room: %d blocks (%.2f GiB) within gpu_memory_utilization, %d in free memory; activation peak %.2f GiB",
             blocks,
             blocks * block_bytes / 2**30,
+            free_blocks,
             activation_peak / 2**30,
         )
-        return max(0, blocks)
+        return PoolRoom(max(0, blocks), max(0, free_blocks))
 
     @torch.inference_mode()
     def _warmup(self, settings: EngineConfig) -> None:

@@ -36,6 +36,8 @@ class EngineConfig:
         Every layer shares the block tables. None: the fast engine on a GPU sizes the pool from free
         memory (gpu_memory_utilization); every other engine and device uses DEFAULT_NUM_BLOCKS. Give
         the same number to engines compared side by side, so that their scheduling decisions are identical.
+        A number given is the pool: on a GPU it must fit in the free memory (gpu_memory_utilization does not
+        apply to it).
     max_num_seqs: most requests running at once; None: 256 for the fast engine on CUDA, else 64.
         None (the default): the engine's own for its device (BatchDefaults): 256 for the fast engine on
         CUDA, 64 for the reference engine and on the CPU. The engine's `config` holds the resolved value.

@@ -3,12 +3,22 @@ hash, and seeded requests that sample the same tokens whatever batch they run in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from spec.sampling import SamplingRow, gumbel_noise, hash_uniform, kept_mask, sample_tokens, top_logprobs
+from spec.sampling import (
+    SamplingRow,
+    SamplingTensors,
+    gumbel_noise,
+    hash_uniform,
+    kept_mask,
+    row_temperature,
+    sample_tokens,
+    top_logprobs,
+)
 from spec.sampling_params import SamplingParams
 
 
@@ -161,3 +171,55 @@ def test_seeded_request_samples_the_same_alone_or_in_a_batch(make_engine) -> Non
         [prompt] * 2, SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True)
     )
     assert unseeded[0].token_ids != unseeded[1].token_ids, "unseeded requests must draw their own seeds"
+
+
+def test_top_logprobs_count_by_count() -> None:
+    """0 asks for none (an empty [B, 0] of each dtype, one row per logits row), 1 for the single most likely."""
+    logits = torch.tensor([[1.0, 2.0, 3.0, 0.5], [0.0, -1.0, 4.0, 2.0], [5.0, 1.0, 0.0, 0.0]])
+    chosen = torch.tensor([0, 1, 2])
+    expected = torch.log_softmax(logits, -1)
+    logprob, ids, values = top_logprobs(logits, chosen, 0)
+    assert logprob.tolist() == pytest.approx(expected[[0, 1, 2], [0, 1, 2]].tolist())
+    assert ids.shape == (3, 0) and ids.dtype == torch.int64
+    assert values.shape == (3, 0) and values.dtype == torch.float32
+    _, ids, values = top_logprobs(logits, chosen, 1)
+    assert ids.tolist() == [[2], [2], [0]]
+    assert values[:, 0].tolist() == pytest.approx(expected[[0, 1, 2], [2, 2, 0]].tolist())
+
+
+def test_a_greedy_row_divides_by_one() -> None:
+    """SamplingTensors' documented temperature of a greedy row: 1, so its scaled logits stay its logits."""
+    assert row_temperature(SamplingParams(temperature=0.0)) == 1.0
+    assert row_temperature(SamplingParams(temperature=0.7)) == pytest.approx(0.7)
+    tensors = SamplingTensors.from_rows(
+        [SamplingRow(SamplingParams(temperature=0.0), 1, 0), SamplingRow(SamplingParams(temperature=2.0), 1, 0)],
+        8,
+        "cpu",
+    )
+    assert tensors.temperature.tolist() == [1.0, 2.0]
+
+
+def test_a_batch_whose_rows_do_not_match_is_refused() -> None:
+    params = SamplingParams(temperature=1.0, seed=1)
+    for logits in (torch.zeros((3, 8)), torch.zeros((1, 8)), torch.zeros(8), torch.zeros((2, 8, 1))):
+        with pytest.raises(ValueError, match=r"logits must be \[len\(rows\)=2, vocab\]"):
+            sample_tokens(logits, rows(params, 2))
+        with pytest.raises(ValueError, match=r"logits must be \[len\(rows\)=2, vocab\]"):
+            kept_mask(logits, rows(params, 2))
+
+
+def test_sampling_rows_and_tensors_are_frozen() -> None:
+    row = SamplingRow(SamplingParams(), 1, 0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.seed = 2  # type: ignore[misc]
+    tensors = SamplingTensors.from_rows([row], 8, "cpu")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tensors.top_k = torch.ones(1)  # type: ignore[misc]
+
+
+def test_top_p_among_equal_probabilities_keeps_the_lowest_ids() -> None:
+    """The stable sort of top-p: among tokens of equal probability the lower ids come first, so a head cut
+    midway through a tie keeps the lowest ids (here 5 of 2,000 tied tokens for top_p 0.0025)."""
+    logits = torch.zeros((1, 2000))
+    kept = kept_mask(logits, rows(SamplingParams(temperature=1.0, top_p=0.0025, seed=3)))
+    assert kept[0].nonzero().flatten().tolist() == [0, 1, 2, 3, 4]
