@@ -570,7 +570,8 @@ class ModelRunner:
         blocks = int(budget // block_bytes) - 1  # one block is the padding block
         free_blocks = int((free - activation_peak) // block_bytes) - 1
         logger.info(
-            "KV pool room: %d blocks (%.2f GiB) within gpu_memory_utilization, %d in free memory; activation peak %.2f GiB",
+            "KV pool room: %d blocks (%.2f GiB) within gpu_memory_utilization, %d in free memory; "
+            "activation peak %.2f GiB",
             blocks,
             blocks * block_bytes / 2**30,
             free_blocks,

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import torch
 
+from reports.report.mutation_section import current_modules
 from reports.report.records import (
     Cell,
     Check,
@@ -138,29 +139,30 @@ def fuzz_checks(section: FuzzSection) -> list[Check]:
 
 
 def mutation_checks(section: MutationSection | None) -> list[Check]:
-    """A check per module of each record: passed at the target score or above."""
+    """A check per module, from the newest record that judged it (mutation_section.current_modules): passed at
+    the target score or above; and one per record that holds no module (an unreadable one)."""
     if section is None:
         return []
     if not section.runs:
         return [Check("mutation", "mutation", "mutation testing", section.status, section.detail)]
-    checks = []
-    for run in section.runs:
-        key = _record_key(run.path)
-        if not run.modules:
-            checks.append(Check(f"mutation/{key}", "mutation", f"mutation record {run.path}", run.status, run.detail))
-        for module in run.modules:
-            if module.score is None:
-                why = "the run stopped before them" if module.baseline == "passed" else module.baseline
-                status, detail = Status.NOT_RUN, f"not run: none of its {module.mutants} mutants judged ({why})"
-            else:
-                status = Status.PASSED if module.score >= section.target_score else Status.FAILED
-                detail = (
-                    f"{module.score:.1%} killed ({module.killed} killed, {module.survived} survived, "
-                    f"{module.equivalent} equivalent, {module.errors} errors; {module.done} of {module.mutants} run)"
-                )
-            checks.append(
-                Check(f"mutation/{key}/{module.module}", "mutation", f"mutants killed: {module.module}", status, detail)
+    checks = [
+        Check(f"mutation/{_record_key(run.path)}", "mutation", f"mutation record {run.path}", run.status, run.detail)
+        for run in section.runs
+        if not run.modules
+    ]
+    for run, module in current_modules(section.runs):
+        if module.score is None:
+            why = "the run stopped before them" if module.baseline == "passed" else module.baseline
+            status, detail = Status.NOT_RUN, f"not run: none of its {module.mutants} mutants judged ({why})"
+        else:
+            status = Status.PASSED if module.score >= section.target_score else Status.FAILED
+            detail = (
+                f"{module.score:.1%} killed ({module.killed} killed, {module.survived} survived, "
+                f"{module.equivalent} equivalent, {module.errors} errors; {module.done} of {module.mutants} run; "
+                f"{run.path})"
             )
+        check_id = f"mutation/{_record_key(run.path)}/{module.module}"
+        checks.append(Check(check_id, "mutation", f"mutants killed: {module.module}", status, detail))
     return checks
 
 

@@ -2,7 +2,9 @@
 (reports/results/mutation/*.json), each module's score against the target and every survivor's diff.
 
 A module passes when at least TARGET_SCORE of its non-equivalent mutants were killed; a record that
-stopped early (its time limit, or killed) says so, and its modules' counts cover what it did.
+stopped early (its time limit, or killed) says so, and its modules' counts cover what it did. The records
+are kept in the order they were made (their `started` time), and a module is judged by the newest record
+that judged it (`current_modules`): a re-run after new tests supersedes the run before, which stays listed.
 """
 
 from __future__ import annotations
@@ -30,18 +32,19 @@ def committed_mutation_section(root: Path = REPO_ROOT) -> MutationSection:
     paths = sorted(root.glob(COMMITTED_GLOB))
     if not paths:
         return MutationSection(Status.NOT_RUN, f"not run: no committed mutation record ({COMMITTED_GLOB})")
-    runs = []
+    runs: list[tuple[str, MutationRun]] = []  # (started, run): an unreadable record sorts first
     for path in paths:
         relative = str(path.relative_to(root))
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as error:
-            runs.append(MutationRun(relative, Status.NOT_RUN, f"not run: unreadable record: {error}"))
+            runs.append(("", MutationRun(relative, Status.NOT_RUN, f"not run: unreadable record: {error}")))
             continue
         if record.get("kind") != RECORD_KIND:
             continue  # another record kept beside them
-        runs.append(mutation_run_from_record(record, relative))
-    return _section(tuple(runs))
+        runs.append((str(record.get("started") or ""), mutation_run_from_record(record, relative)))
+    runs.sort(key=lambda started_run: (started_run[0], started_run[1].path))
+    return _section(tuple(run for _, run in runs))
 
 
 def mutation_run_from_record(record: dict[str, Any], path: str) -> MutationRun:
@@ -75,6 +78,18 @@ def mutation_run_from_record(record: dict[str, Any], path: str) -> MutationRun:
 def module_passed(module: MutationModule) -> bool | None:
     """Whether the module meets the target (None: no mutant judged)."""
     return None if module.score is None else module.score >= TARGET_SCORE
+
+
+def current_modules(runs: tuple[MutationRun, ...]) -> list[tuple[MutationRun, MutationModule]]:
+    """Each module once, from the newest run (runs are oldest first) that judged it, else the newest that
+    holds it; in the order the modules first appear."""
+    current: dict[str, tuple[MutationRun, MutationModule]] = {}
+    for run in runs:
+        for module in run.modules:
+            held = current.get(module.module)
+            if held is None or module.score is not None or held[1].score is None:
+                current[module.module] = (run, module)
+    return list(current.values())
 
 
 def module_status(modules: tuple[MutationModule, ...]) -> Status:
@@ -113,4 +128,6 @@ def _detail(record: dict[str, Any], modules: tuple[MutationModule, ...]) -> str:
 
 def _section(runs: tuple[MutationRun, ...]) -> MutationSection:
     detail = "; ".join(f"{run.path}: {run.detail}" for run in runs) or "no mutation record"
-    return MutationSection(combined_status(run.status for run in runs), detail, TARGET_SCORE, runs)
+    unread = [run.status for run in runs if not run.modules]  # unreadable records, records of no module
+    current = module_status(tuple(module for _, module in current_modules(runs)))
+    return MutationSection(combined_status([*unread, current]), detail, TARGET_SCORE, runs)

@@ -280,5 +280,11 @@ def test_memory_errors_at_start(fp32_weights) -> None:
         FastEngine(
             config, state_dict, replace(small, gpu_memory_utilization=0.05, max_model_len=40960), torch.float32, "cuda"
         )
-    with pytest.raises(ConfigError, match="does not fit in GPU memory"):
+    with pytest.raises(ConfigError, match="does not fit in GPU memory: the free memory after weights"):
         FastEngine(config, state_dict, replace(small, num_blocks=10**8), torch.float32, "cuda")
+    # A pool given explicitly is not held to gpu_memory_utilization (it sizes only the pool the engine chooses):
+    # 1% of an H200 is less than the fp32 weights alone, yet 64 blocks fit in the free memory.
+    engine = FastEngine(
+        config, state_dict, replace(small, num_blocks=64, gpu_memory_utilization=0.01), torch.float32, "cuda"
+    )
+    assert engine.config.num_blocks == 64

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reports.report.assemble import report_of_sections
+from reports.report.assemble import mutation_checks, report_of_sections
 from reports.report.mutation_section import TARGET_SCORE, committed_mutation_section
 from reports.report.records import Status
 from reports.report.render import render_report
@@ -94,6 +94,24 @@ def test_each_module_is_held_to_the_target_and_survivors_are_shown(tmp_path: Pat
     assert 'id="mutation"' in page and "spec/weak.py" in page and "90.0%" in page
     assert "only a cache size" in page  # the equivalent mutant's reason
     assert "&lt;/pre&gt;&lt;script&gt;" in page and "<script>alert(1)" not in page  # the diff, escaped
+
+
+def test_a_module_is_judged_by_its_newest_record(tmp_path: Path) -> None:
+    """A re-run after new tests supersedes the run before: spec/weak.py is judged by a_new.json (started later,
+    though it sorts first by name), spec/good.py still by b_old.json, and both records stay listed, oldest first."""
+    old, new = _record(), _record()
+    old["started"], new["started"] = "2026-12-01T10:00:00+00:00", "2026-12-02T10:00:00+00:00"
+    new["modules"] = [_module("spec/weak.py", 20, 0)]
+    directory = tmp_path / "reports" / "results" / "mutation"
+    directory.mkdir(parents=True)
+    (directory / "b_old.json").write_text(json.dumps(old))
+    (directory / "a_new.json").write_text(json.dumps(new))
+    section = committed_mutation_section(tmp_path)
+    assert [run.path.rsplit("/", 1)[1] for run in section.runs] == ["b_old.json", "a_new.json"]
+    assert section.runs[0].status is Status.FAILED  # the old record, as it was
+    assert section.status is Status.PASSED
+    checks = {check.id: check.status for check in mutation_checks(section)}
+    assert checks == {"mutation/b_old/spec/good.py": Status.PASSED, "mutation/a_new/spec/weak.py": Status.PASSED}
 
 
 def test_no_record_leaves_the_section_not_run(tmp_path: Path) -> None:

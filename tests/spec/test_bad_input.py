@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError, SamplingParamsError
-from spec.request import FinishReason
+from spec.model_config import ModelConfig
+from spec.request import FinishReason, check_request
 from spec.sampling_params import SamplingParams
 
 GOOD_PROMPTS = [[11, 22, 33, 44, 55], [7, 8, 9]]
@@ -114,3 +116,13 @@ def test_reference_engine_refuses_tensor_parallelism(tiny_weights) -> None:
     config, state_dict = tiny_weights
     with pytest.raises(ConfigError, match="tensor_parallel_size 2 is for the fast engine"):
         ReferenceEngine(config, state_dict, EngineConfig(tensor_parallel_size=2), device="cpu")
+
+
+def test_a_request_that_needs_exactly_the_whole_pool_is_accepted() -> None:
+    """The pool's bound is inclusive: 12 blocks of 4 hold 48 cached tokens (a 40-token prompt and 9 outputs),
+    one more output needs a 13th block."""
+    model = ModelConfig("Qwen3ForCausalLM", 384, 64, 128, 2, 4, 2, 16, 1e-6, 1e4, 1024, True)
+    config = EngineConfig(block_size=4, num_blocks=12, max_model_len=64).resolved(model)
+    assert check_request("a", [5] * 40, SamplingParams(max_tokens=9), 384, config) == (5,) * 40
+    with pytest.raises(InvalidRequestError, match=r"needs 13 KV blocks \(49 tokens\) but the pool has only 12"):
+        check_request("b", [5] * 40, SamplingParams(max_tokens=10), 384, config)

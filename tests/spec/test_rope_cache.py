@@ -35,6 +35,19 @@ LLAMA3 = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 512,
 }
+
+
+def _default_wavelength(index: int) -> float:
+    """Wavelength index of the unscaled table (base 1e6, HEAD_DIM), as the llama3 rule computes it (fp32)."""
+    exponents = torch.arange(0, HEAD_DIM, 2, dtype=torch.int64).to(torch.float32) / HEAD_DIM
+    return float((2 * math.pi / (1.0 / (1e6**exponents)))[index])
+
+
+# llama3 bounds that fall exactly on a wavelength (512 / 471.2: the low bound on wavelength 5, 512 / 198.7: the high
+# bound on wavelength 4), where the rule's `<=` and `>=` decide the band (found by mutation testing,
+# reports/results/mutation/local_2core_p.json).
+LOW_ON_A_WAVELENGTH = LLAMA3["original_max_position_embeddings"] / _default_wavelength(5)
+HIGH_ON_A_WAVELENGTH = LLAMA3["original_max_position_embeddings"] / _default_wavelength(4)
 ROPE_CASES = {
     "default": {"rope_type": "default"},
     "linear": {"rope_type": "linear", "factor": 4.0},
@@ -63,6 +76,19 @@ ROPE_CASES = {
         "original_max_position_embeddings": 1024,
         "rope_theta": 10.0,
     },
+    # the bounds on a wavelength (above), and YaRN's zero-width guard inside the table: equal betas without
+    # truncation make the correction range one point; a factor below 1 keeps the attention factor at 1.
+    "llama3-low-bound-on-a-wavelength": {**LLAMA3, "low_freq_factor": LOW_ON_A_WAVELENGTH},
+    "llama3-high-bound-on-a-wavelength": {**LLAMA3, "high_freq_factor": HIGH_ON_A_WAVELENGTH},
+    "yarn-one-point-range": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 1024,
+        "beta_fast": 8.0,
+        "beta_slow": 8.0,
+        "truncate": False,
+    },
+    "yarn-factor-below-1": {"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 4096},
 }
 
 
@@ -84,6 +110,19 @@ def test_llama3_case_has_frequencies_inside_the_smoothing_band() -> None:
     inside = (wavelengths > high_freq_wavelength) & (wavelengths < low_freq_wavelength)
     assert int(inside.sum()) >= 2, wavelengths.tolist()
     assert bool((wavelengths < high_freq_wavelength).any()) and bool((wavelengths > low_freq_wavelength).any())
+
+
+def test_the_edge_cases_sit_on_their_edges() -> None:
+    """The bounds of the two llama3 edge cases equal a wavelength as the rule compares them (fp32), and the YaRN
+    case's correction range is one point inside the table."""
+    inv_freq, _ = rope_parameters(model_config("default"))
+    wavelengths = 2 * math.pi / inv_freq
+    old_context = LLAMA3["original_max_position_embeddings"]
+    assert bool((wavelengths == old_context / LOW_ON_A_WAVELENGTH).any())
+    assert bool((wavelengths == old_context / HIGH_ON_A_WAVELENGTH).any())
+    dim, base = HEAD_DIM, 1e6
+    point = dim * math.log(1024 / (8.0 * 2 * math.pi)) / (2 * math.log(base))
+    assert 0 < point < dim // 2 - 1 and point != int(point)
 
 
 @pytest.mark.parametrize("case", sorted(ROPE_CASES))
