@@ -204,6 +204,53 @@ def test_a_proposer_that_answers_too_few_requests_is_an_error(scheduler_class: t
         scheduler.schedule()  # r0 decodes: the proposer is asked for one request and answers none
 
 
+class ShortProposerForThree:
+    """A broken draft proposer: asked for three requests, it answers the first two (a draft of K each)."""
+
+    def propose(self, token_ids, max_tokens) -> list[tuple[int, ...]]:
+        assert len(token_ids) == 3
+        return [(1,) * max_tokens[0], (1,) * max_tokens[1]]
+
+
+@pytest.mark.parametrize("scheduler_class", [ReferenceScheduler, FastScheduler], ids=["reference", "fast"])
+def test_a_proposer_that_answers_too_few_requests_is_an_error_even_when_the_budget_ends_first(
+    scheduler_class: type,
+) -> None:
+    """Three running requests decode, leaving 1 token of the budget of 4: the first request's draft takes it, so
+    the drafting pass stops at the second request, before it could find the third one's missing proposal. The
+    answer's length is checked before any draft is placed."""
+    config = replace(CONFIG, num_blocks=16, max_num_batched_tokens=4, speculative=SpeculativeConfig("ngram", 2))
+    scheduler = scheduler_class(config, (), proposer=ShortProposerForThree())
+    for number in range(3):
+        params = SamplingParams(temperature=0.0, max_tokens=8)
+        scheduler.add(Request(f"r{number}", (5 + number,), params, seed=0, arrival_index=number))
+    plan = scheduler.schedule()  # the three prefills (drafts are proposed for running requests only)
+    assert plan.admitted == ("r0", "r1", "r2")
+    scheduler.update(plan, {"r0": 4, "r1": 4, "r2": 4})
+    with pytest.raises(ValueError, match="zip"):
+        scheduler.schedule()
+
+
+class OneShotProposer:
+    """A broken draft proposer: its answer is an iterator (readable once), not the list DraftProposer returns."""
+
+    def propose(self, token_ids, max_tokens):
+        return iter([(1,) * count for count in max_tokens])
+
+
+@pytest.mark.parametrize("scheduler_class", [ReferenceScheduler, FastScheduler], ids=["reference", "fast"])
+def test_a_proposer_whose_answer_can_be_read_only_once_is_an_error(scheduler_class: type) -> None:
+    """The drafts are read twice (empty proposals first, then placement): an answer used up by the first read
+    fails the step instead of leaving every request undrafted, as if it had proposed nothing."""
+    config = replace(CONFIG, num_blocks=16, speculative=SpeculativeConfig("ngram", 2))
+    scheduler = scheduler_class(config, (), proposer=OneShotProposer())
+    scheduler.add(Request("r0", (1, 2, 3), SamplingParams(temperature=0.0, max_tokens=8), seed=0, arrival_index=0))
+    plan = scheduler.schedule()  # the prefill: no drafts yet
+    scheduler.update(plan, {"r0": 4})
+    with pytest.raises(ValueError, match="zip"):
+        scheduler.schedule()
+
+
 def test_request_tokens_refuses_an_index_past_either_end() -> None:
     """An index one past the last token or one before the first (negative, from the end) is an IndexError that
     names the index and the token count (prompt and output together), not a token read from the other end."""

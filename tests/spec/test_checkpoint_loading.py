@@ -18,6 +18,7 @@ from spec.checkpoint import (
     HUB_PATTERNS,
     expected_weight_shapes,
     is_ignored_tensor,
+    iter_tensors,
     load_model_config,
     load_state_dict,
     open_checkpoint,
@@ -121,6 +122,25 @@ def test_truncated_safetensors_is_a_clear_error(checkpoint_copy: Path) -> None:
     weights.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match=r"cannot read .*model\.safetensors \(truncated or corrupt"):
         load(checkpoint_copy)
+
+
+@pytest.mark.parametrize(
+    "device, kind, message",
+    [("cuda:x", ValueError, "invalid digit"), ("mps", RuntimeError, "mps")],
+    ids=["unparsable-device-index", "device-not-in-this-torch"],
+)
+def test_a_reading_error_of_any_kind_is_a_checkpoint_error_naming_the_file(
+    tiny_checkpoint: Path, device: str, kind: type[Exception], message: str
+) -> None:
+    """iter_tensors turns what safetensors and torch raise while reading into a CheckpointError that names the
+    file: no malformed file was found that raises other than SafetensorError or OSError (local_2core_j.json),
+    but the device it reads to can: an index safetensors cannot parse is a ValueError, a device this torch
+    build lacks (MPS off macOS) a RuntimeError."""
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this torch can read to MPS")
+    with pytest.raises(CheckpointError, match=rf"cannot read .*model\.safetensors .*{message}") as error:
+        list(iter_tensors(tiny_checkpoint, device))
+    assert isinstance(error.value.__cause__, kind)
 
 
 def test_pickled_bin_weights_are_refused(checkpoint_copy: Path) -> None:
