@@ -521,10 +521,16 @@ class ModelRunner:
         gpu_memory_utilization (EngineConfig). None on CPU (the default)."""
         if self.device.type != "cuda":
             return None
-        room = self._pool_room(settings)
+        # Collecting garbage (an engine dropped in a reference cycle holds its pool until collected) costs
+        # ~0.3 s in a process with a large heap: an explicit pool collects only when it seems not to fit.
+        # Ranks collect alike, since each room takes one collective per field.
+        always_collect = requested.num_blocks is None or self.collectives is not None
+        room = self._pool_room(settings, collect_garbage=always_collect)
         if self.collectives is not None:  # every rank gets the same pool: the smallest room wins
             room = PoolRoom(*(self.collectives.agree_min(blocks) for blocks in room))
         if requested.num_blocks is not None:
+            if requested.num_blocks > room.free_blocks and not always_collect:
+                room = self._pool_room(settings, collect_garbage=True)
             # A pool given explicitly is the user's own choice: gpu_memory_utilization sizes only the pool the
             # engine chooses (so a small pool on a GPU other processes share is not refused for their memory).
             if requested.num_blocks > room.free_blocks:
@@ -543,12 +549,13 @@ class ModelRunner:
             )
         return affordable
 
-    def _pool_room(self, settings: EngineConfig) -> PoolRoom:
+    def _pool_room(self, settings: EngineConfig, collect_garbage: bool) -> PoolRoom:
         """Blocks that fit after weights and a full-budget warm-up forward: within gpu_memory_utilization,
-        and in the memory free now."""
+        and in the memory free now (after collecting garbage, if asked)."""
         config = self.model_config
         torch.cuda.synchronize(self.device)
-        gc.collect()  # an engine dropped in a reference cycle still holds its pool until collected
+        if collect_garbage:
+            gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)

@@ -50,10 +50,13 @@ SIZES = {
     ("deep", "fast", False): EngineFuzzSize(12, 8, SMALL),
 }
 GPU_SIZE = {"ci": EngineFuzzSize(40, 20, MEDIUM), "deep": EngineFuzzSize(400, 40, MEDIUM)}
-# The soak profile: examples until $TWINFER_FUZZ_MAX_EXAMPLES or the run's time limit (one H200 ran the
-# deep size at 73 engine steps/s, 41 steps an example), counters written as they go.
+# The soak profile: examples until $TWINFER_FUZZ_MAX_EXAMPLES or the run's time limit, counters written as
+# they go. Its examples are long (SOAK_RULES rules) so that an engine's build, which captures its CUDA
+# graphs, is shared by more steps; one process per GPU, since two on one H200 made fewer steps together
+# than one alone (reports/results/fuzz/engine_fuzz_profile/).
 SOAK_EXAMPLES_VARIABLE = "TWINFER_FUZZ_MAX_EXAMPLES"
 SOAK_DEFAULT_EXAMPLES = 100_000
+SOAK_RULES = 100
 
 # What a run must have reached for its pass to mean much (the small fast run: finishing at all).
 REQUIRED_SITUATIONS = {
@@ -74,7 +77,7 @@ REQUIRED_SITUATIONS = {
 def fuzz_size(engine_name: str) -> EngineFuzzSize:
     profile = settings.get_current_profile_name()
     if profile == "soak":
-        return EngineFuzzSize(int(os.environ.get(SOAK_EXAMPLES_VARIABLE, SOAK_DEFAULT_EXAMPLES)), 40, MEDIUM)
+        return EngineFuzzSize(int(os.environ.get(SOAK_EXAMPLES_VARIABLE, SOAK_DEFAULT_EXAMPLES)), SOAK_RULES, MEDIUM)
     profile = profile if profile in GPU_SIZE else "ci"
     if DEVICE == "cuda":
         return GPU_SIZE[profile]
