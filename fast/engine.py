@@ -92,7 +92,8 @@ class StepTimings:
             if chunk.draft_token_ids and chunk.request_id in results:
                 self.verify_chunks += 1
                 self.draft_tokens += len(chunk.draft_token_ids)
-                self.accepted_draft_tokens += len(results[chunk.request_id].more)
+                more = results[chunk.request_id].more  # a last one from an unsampleable row is not a draft kept
+                self.accepted_draft_tokens += len(more) - (bool(more) and more[-1].token_id < 0)
 
 
 class FastEngine(ScheduledEngine):
@@ -142,6 +143,7 @@ class FastEngine(ScheduledEngine):
         self._prepared: _PreparedAhead | None = None  # its inputs, loaded ahead
         self._in_flight: _LaunchedStep | None = None  # ... and launched ahead: the next step() concludes it
         self._readback = TokenReadback(runner.max_sample_rows, runner.device)
+        self._read_unsampleable = False  # whether the tokens read last hold an unsampleable row's code
         # Rows of a step's logits picked on the device (prompt-logprob steps): at most one per token.
         self._logit_rows = RowUpload(runner.inputs.max_num_tokens, runner.device)
         self._init_requests()
@@ -274,7 +276,9 @@ class FastEngine(ScheduledEngine):
         sampled = self.execute(plan, meanwhile=schedule_next)
         requests = self._requests
         for request_id, token in sampled.items():
-            requests[request_id].resolve_pending_token(token.token_id)
+            if token.token_id >= 0:  # else an unsampleable row's code: its request fails below, placeholder and all
+                requests[request_id].resolve_pending_token(token.token_id)
+        finished.extend(self._fail(self._unsampleable(sampled), sampled))
         return self._conclude(sampled, finished)
 
     def _verifies(self, plan: StepPlan) -> bool:
@@ -326,6 +330,17 @@ class FastEngine(ScheduledEngine):
             self._next_plan = self.scheduler.admit_more()
             self._check_invariants()
         return request_id
+
+    def _unsampleable(self, sampled: Mapping[str, SampledToken]) -> list[str]:
+        # Most steps: the tokens read on the host hold no code (their minimum, taken in C, is not negative).
+        return super()._unsampleable(sampled) if self._read_unsampleable else []
+
+    def _fail(self, failed: Sequence[str], sampled: Mapping[str, SampledToken]) -> list[Request]:
+        newly_finished = super()._fail(failed, sampled)
+        if self._next_plan is not None:  # scheduled ahead with the failed request: dropped as an abort drops it
+            for request in newly_finished:
+                self._next_plan = self.scheduler.drop_from_plan(request.request_id, admit=self._in_flight is None)
+        return newly_finished
 
     def abort(self, request_id: str) -> RequestOutput:
         output = super().abort(request_id)
@@ -448,10 +463,12 @@ class FastEngine(ScheduledEngine):
     def _sampled(self, step: _LaunchedStep, plan: StepPlan) -> dict[str, SampledToken]:
         """The tokens read on the host (the step's one wait for the device), with logprobs where asked
         for; only those of `plan`'s requests (a request aborted after its step was launched has none)."""
+        self._read_unsampleable = False
         if step.host_tokens is None:
             return {}
         requests = [request for _, request in step.sampling]
         tokens = step.host_tokens.values()
+        self._read_unsampleable = min(tokens) < 0  # an unsampleable row's code (spec.sampling)
         counts = [request.params.logprobs for request in requests]
         verifies = self.config.speculative is not None and any(chunk.draft_token_ids for chunk in step.plan.chunks)
         if verifies:

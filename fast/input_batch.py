@@ -304,6 +304,9 @@ class InputBatch:
         rows = self._pending_rows.upload(token_rows, source_rows)
         taken = self._pending_taken[:count]  # gathered into a buffer of the batch: nothing allocated per step
         torch.index_select(source, 0, rows[count:], out=taken)
+        # An unsampleable row's code (negative: spec.sampling) must not reach the embedding, where an index
+        # out of range is a device-side assert on CUDA: the row's request fails and its results are dropped.
+        taken.clamp_(min=0)
         self.token_ids.index_copy_(0, rows[:count], taken)
 
     def _fill_decode(

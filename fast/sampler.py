@@ -12,8 +12,11 @@ same numbers, so the tokens equal `spec.sampling.sample_tokens` on the same devi
 The other departures are shortcuts that give identical results, decided on the host from the rows
 (no device sync):
 * every row greedy: the argmax alone; no row greedy: no argmax;
-* a filter no row uses is skipped (top-k off keeps every token since all are >= the smallest; top_p == 1 keeps every
-  token by the spec's rule; min_p == 0 keeps every token since exp(.) >= 0);
+* unsampleable rows (spec.sampling) are told by each row's max, folded into the tokens as their codes by a
+  few elementwise ops over [B]: where a row is greedy the max comes with the argmax (torch.max, one pass),
+  otherwise it is one reduction over [B, V] (torch.amax); no host sync, whatever the rows hold;
+* a filter no row uses is skipped (top-k off keeps every token since all are >= the smallest, no scaled logit of a
+  sampleable row being NaN; top_p == 1 and min_p == 0 keep every token by the spec's rules);
 * top-k reads the k-th largest value from `torch.topk` over the largest k any row asks for, not
   from a full sort: the k-th largest value is the same number either way.
 
@@ -41,13 +44,14 @@ from spec.sampling import (
     SamplingRow,
     SamplingTensors,
     greedy_one_hot,
-    greedy_tokens,
     min_p_mask,
+    row_max,
     row_temperature,
     row_top_k,
     scale_logits,
     top_logprobs,
     top_p_mask,
+    with_unsampleable_codes,
 )
 from spec.sampling_params import SamplingParams
 
@@ -239,14 +243,19 @@ class Sampler:
         return torch.where(self._tensors.is_greedy[:, None], greedy_one_hot(logits), keep)
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
-        """int64 [B]: one token per row of fp32 logits [B, V]."""
+        """int64 [B]: one token per row of fp32 logits [B, V]; an unsampleable row's code
+        (spec.sampling.UNSAMPLEABLE_*) in place of its token, as spec.sampling.sample_tokens."""
         logits = self._check_logits(logits)
         if self._tensors is None:
-            return greedy_tokens(logits)
+            maxima, argmax = _max_and_argmax(logits)
+            return with_unsampleable_codes(argmax, maxima)
         tensors = self._tensors
         keep = self._filter_mask(scale_logits(logits, tensors.temperature)) if self._uses_filters else None
         sampled = self._gumbel_max(logits, tensors.temperature, self._keys, keep)
-        return torch.where(tensors.is_greedy, greedy_tokens(logits), sampled) if self._any_greedy else sampled
+        if not self._any_greedy:  # the one extra pass over [B, V]: a step with no greedy row has no argmax
+            return with_unsampleable_codes(sampled, row_max(logits))
+        maxima, argmax = _max_and_argmax(logits)
+        return with_unsampleable_codes(torch.where(tensors.is_greedy, argmax, sampled), maxima)
 
     def _gumbel_max(
         self, logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, keep: torch.Tensor | None
@@ -282,6 +291,13 @@ class Sampler:
         # Greedy rows may ask for more than max_top_k (taken over sampled rows); their result is the argmax.
         kth_value = largest.gather(1, (top_k.clamp(max=self._max_top_k) - 1)[:, None])
         return scaled >= kth_value
+
+
+def _max_and_argmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row max [B], spec.sampling.greedy_tokens [B]) in one pass: torch.max's index is argmax's (both take
+    the first maximum, a NaN first of all), and its value propagates a NaN as spec.sampling.row_max does."""
+    maxima, argmax = torch.max(logits, dim=-1)
+    return maxima, argmax
 
 
 def _sampled(values: tuple, sampled: list[bool] | None) -> tuple | list:

@@ -410,6 +410,10 @@ class Scheduler:
     def abort(self, request: Request) -> None:
         self._finish(request, FinishReason.ABORT)
 
+    def fail(self, request: Request) -> None:
+        """Finish a request with ERROR wherever it is (its newest token was unsampleable: spec.request)."""
+        self._finish(request, FinishReason.ERROR)
+
     # -- inspection --------------------------------------------------------------------------
 
     def snapshot(self) -> SchedulerSnapshot:

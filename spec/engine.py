@@ -16,7 +16,7 @@ from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
 from spec.invariants import InvariantMonitor, SchedulerSnapshot
 from spec.model_config import ModelConfig
-from spec.request import Request, RequestOutput, TokenLogprobs, check_request
+from spec.request import PENDING_TOKEN, Request, RequestOutput, TokenLogprobs, check_request
 from spec.sampling import top_logprobs
 from spec.sampling_params import MAX_SEED, SamplingParams
 from spec.scheduling import StepPlan
@@ -67,7 +67,7 @@ class SampledToken(NamedTuple):
     A NamedTuple (immutable, like a frozen dataclass, but about twice as fast to build): an engine
     makes one per running request every step."""
 
-    token_id: int
+    token_id: int  # or, from an unsampleable row, its spec.sampling.UNSAMPLEABLE_* code (the request fails there)
     logprobs: TokenLogprobs | None
     # A verify chunk (speculative decoding) appends several tokens: the ones after token_id, in order.
     more: tuple[SampledToken, ...] = ()
@@ -76,6 +76,17 @@ class SampledToken(NamedTuple):
     def token_ids(self) -> tuple[int, ...]:
         """Every token this step appends for the request."""
         return (self.token_id, *(token.token_id for token in self.more))
+
+    @property
+    def last_token_id(self) -> int:
+        """The last token (only the last can be an unsampleable row's code: acceptance stops at one)."""
+        return self.more[-1].token_id if self.more else self.token_id
+
+    def pending_form(self) -> int | tuple[int, ...]:
+        """What the scheduler applies for a result whose last token is a code: PENDING_TOKEN in its place."""
+        if not self.more:
+            return PENDING_TOKEN
+        return (*self.token_ids[:-1], PENDING_TOKEN)
 
 
 class ScheduledEngine(ABC):
@@ -156,11 +167,35 @@ class ScheduledEngine(ABC):
             tokens: dict[str, int | tuple[int, ...]] = {request_id: s.token_id for request_id, s in sampled.items()}
         else:  # a verify chunk's tokens as a tuple
             tokens = {request_id: s.token_ids if s.more else s.token_id for request_id, s in sampled.items()}
+        failed = self._unsampleable(sampled)
+        for request_id in failed:  # applied as a pending token, then failed (spec.request: ERROR)
+            tokens[request_id] = sampled[request_id].pending_form()
         finished = self.scheduler.update(plan, tokens)
+        finished.extend(self._fail(failed, sampled))
         return self._conclude(sampled, finished)
 
+    def _unsampleable(self, sampled: Mapping[str, SampledToken]) -> list[str]:
+        """The requests whose result ends in an unsampleable row's code (only the last token can be one; token
+        ids are never negative)."""
+        return [
+            request_id for request_id, s in sampled.items() if s.token_id < 0 or (s.more and s.more[-1].token_id < 0)
+        ]
+
+    def _fail(self, failed: Sequence[str], sampled: Mapping[str, SampledToken]) -> list[Request]:
+        """Finish each failed request (its pending placeholder applied by the scheduler) with ERROR; the ones
+        the scheduler had not finished already (by length on the placeholder), to conclude as finished."""
+        newly_finished: list[Request] = []
+        for request_id in failed:
+            request = self._requests[request_id]
+            if request.finish_reason is None:
+                self.scheduler.fail(request)
+                newly_finished.append(request)
+            request.fail_pending_token(sampled[request_id].last_token_id)
+        return newly_finished
+
     def _conclude(self, sampled: dict[str, SampledToken], finished: list[Request]) -> list[RequestOutput]:
-        """After a step's update: logprobs appended, finished requests dropped; the stepped requests' outputs."""
+        """After a step's update: logprobs appended, finished requests dropped; the stepped requests' outputs.
+        An unsampleable row's result has no logprobs (its position yields no token)."""
         stepped: list[Request] = []
         for request_id, token in sampled.items():
             request = self._requests[request_id]
@@ -168,7 +203,8 @@ class ScheduledEngine(ABC):
             if token.logprobs is not None:
                 request.append_logprobs(token.logprobs)
                 for following in token.more:
-                    request.append_logprobs(following.logprobs)
+                    if following.logprobs is not None:
+                        request.append_logprobs(following.logprobs)
         for request in finished:
             del self._requests[request.request_id]
         if self.monitor is not None:
@@ -208,6 +244,7 @@ class SchedulerLike(Protocol):
     def schedule(self) -> StepPlan: ...
     def update(self, plan: StepPlan, sampled: Mapping[str, int | Sequence[int]]) -> list[Request]: ...
     def abort(self, request: Request) -> None: ...
+    def fail(self, request: Request) -> None: ...  # finish with ERROR, wherever it is (as abort)
     def snapshot(self) -> SchedulerSnapshot: ...
 
 
@@ -227,8 +264,9 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], counts: Sequence[int]) -> list[TokenLogprobs]:
-    """Row i: the logprob of tokens[i] and its top counts[i] alternatives, from log_softmax of fp32 logits [B, V].
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], counts: Sequence[int]) -> list[TokenLogprobs | None]:
+    """Row i: the logprob of tokens[i] and its top counts[i] alternatives, from log_softmax of fp32 logits [B, V];
+    None where tokens[i] is an unsampleable row's code (that position reports no logprobs).
 
     Used by both engines for sampled tokens (counts from SamplingParams.logprobs) and for scored prompt
     positions (SamplingParams.prompt_logprobs)."""
@@ -236,7 +274,11 @@ def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], counts: Sequence
     chosen, top_ids, top_values = top_logprobs(logits, chosen_ids, max(counts, default=0))
     chosen_list, ids_list, values_list = chosen.tolist(), top_ids.tolist(), top_values.tolist()
     return [
-        TokenLogprobs(token, chosen_list[row], tuple(zip(ids_list[row][:count], values_list[row][:count], strict=True)))
+        None
+        if token < 0
+        else TokenLogprobs(
+            token, chosen_list[row], tuple(zip(ids_list[row][:count], values_list[row][:count], strict=True))
+        )
         for row, (token, count) in enumerate(zip(tokens, counts, strict=True))
     ]
 

@@ -1,12 +1,25 @@
 """The request lifecycle and the outputs both engines return.
 
-    add_request --> WAITING --admit--> RUNNING --finish--> FINISHED(stop | length | abort)
+    add_request --> WAITING --admit--> RUNNING --finish--> FINISHED(stop | length | abort | error)
                       ^                   |
                       +----preempt--------+   (blocks freed, tokens recomputed later)
 
 A WAITING request may also be aborted. Preemption puts the request at the front of the waiting
 queue; on readmission it recomputes its prompt and the tokens it has generated so far (served
 from the prefix cache where its full blocks survived).
+
+ERROR: the row that would sample the request's next token was unsampleable (spec.sampling: its
+logits hold a NaN or +inf, or no finite value). That position yields no token: the request finishes
+with the tokens it already has, its `error` names the cause and the output position ("the model
+produced non-finite logits (NaN) at output position 7"), and no logprobs are reported for the
+position. The step's other requests are unaffected. The engine applies the step to the scheduler as
+if the token were still pending (PENDING_TOKEN: computed counts advance, full blocks of the chunk's
+own tokens are registered in the prefix cache, since they are the K/V any recomputation of those
+tokens would produce), then finishes the request with ERROR and drops the placeholder
+(`Request.fail_pending_token`). A request that the placeholder finished by length ends with ERROR
+instead. In a verify chunk (spec.speculative) an unsampleable position j stops acceptance there: the
+tokens before it are kept (if every draft token before it agreed; otherwise j is past the first
+rejection and changes nothing), and the request ends with ERROR at output position outputs + j.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ from typing import NamedTuple
 
 from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
+from spec.sampling import UNSAMPLEABLE_CAUSES, is_unsampleable_code
 from spec.sampling_params import SamplingParams
 
 
@@ -31,6 +45,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # an end-of-sequence or stop token was generated
     LENGTH = "length"  # max_tokens reached, or the sequence reached max_model_len
     ABORT = "abort"  # the caller aborted the request
+    ERROR = "error"  # the model's logits at the next position were unsampleable: RequestOutput.error says why
 
 
 # An output token whose value is not known yet (Request.resolve_pending_token): never a vocabulary id,
@@ -65,6 +80,7 @@ class RequestOutput:
     # Set when SamplingParams.prompt_logprobs was asked for: one entry per prompt token, None for
     # the first (nothing predicts it); entry i is prompt token i's logprob given tokens [0, i).
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    error: str | None = None  # why a request finished with ERROR; None otherwise
 
     @property
     def finished(self) -> bool:
@@ -91,6 +107,7 @@ class Request:
     # Entry i: prompt token i's logprobs (None for i == 0 or not yet computed). Filled on the
     # request's first computation of each position; a recomputation after preemption keeps them.
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    error: str | None = None  # set with FinishReason.ERROR (fail_pending_token)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -173,6 +190,17 @@ class Request:
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
 
+    def fail_pending_token(self, code: int) -> None:
+        """The newest output, still PENDING_TOKEN, came from an unsampleable row whose cause is `code`
+        (spec.sampling.UNSAMPLEABLE_*): the placeholder is dropped and the request, which its scheduler has
+        finished (with ERROR, or by length on the placeholder), ends with ERROR and says why."""
+        self._require(RequestStatus.FINISHED, "fail")
+        if not self.output_token_ids or self.output_token_ids[-1] != PENDING_TOKEN:
+            raise LifecycleError(f"request {self.request_id!r}: no pending token to fail")
+        self.output_token_ids.pop()
+        self.finish_reason = FinishReason.ERROR
+        self.error = unsampleable_error(code, len(self.output_token_ids))
+
     def _require(self, status: RequestStatus, transition: str) -> None:
         if self.status is not status:
             raise LifecycleError(
@@ -191,6 +219,7 @@ class Request:
             tuple(self.output_logprobs) if self.params.logprobs > 0 else None,  # logprobs
             text,
             self._prompt_logprobs_output(),
+            self.error,
         )
 
     def _prompt_logprobs_output(self) -> tuple[TokenLogprobs | None, ...] | None:
@@ -199,6 +228,13 @@ class Request:
         if not self.prompt_logprobs:
             return (None,) * len(self.prompt_token_ids)
         return tuple(self.prompt_logprobs)
+
+
+def unsampleable_error(code: int, output_position: int) -> str:
+    """The message of a request that ended with ERROR: the cause (spec.sampling.UNSAMPLEABLE_CAUSES) and where."""
+    if not is_unsampleable_code(code):
+        raise ValueError(f"{code} is not an unsampleable row's code")
+    return f"the model produced non-finite logits ({UNSAMPLEABLE_CAUSES[code]}) at output position {output_position}"
 
 
 def prompt_logprob_positions(request: Request, start: int, num_tokens: int) -> range:

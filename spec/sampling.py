@@ -2,6 +2,14 @@
 
 Given fp32 logits for one request's next token:
 
+* unsampleable: a row whose logits hold a NaN or +inf, or no finite value at all (every value -inf),
+  yields no token, whatever its parameters (greedy or not, any filters): the request ends there with
+  FinishReason.ERROR (spec.request, the lifecycle). -inf alone is legitimate masking: a row with at
+  least one finite value and the rest -inf samples as below. The check reads the raw logits, before
+  the steps below (`unsampleable_rows`); `sample_tokens` returns the row's cause as a negative code
+  (UNSAMPLEABLE_NAN, UNSAMPLEABLE_POSITIVE_INF, UNSAMPLEABLE_NO_FINITE, by that precedence: a NaN
+  wins over +inf) where a token id would be. Every other row of the batch is sampled exactly as if
+  the row were not there (each step below works row by row).
 * temperature == 0 (greedy): the argmax, ties broken towards the lowest token id.
 * otherwise, in this order:
   1. scale: s = logits / temperature (fp32);
@@ -9,7 +17,8 @@ Given fp32 logits for one request's next token:
   3. top-p: p = softmax(s over kept tokens); sort kept tokens by p descending, ties by lower
      token id first; keep a token if the mass of the tokens ranked before it is < top_p
      (so the most likely token is always kept); top_p == 1 keeps every token;
-  4. min-p: keep a token if exp(s - max s) >= min_p;
+  4. min-p: keep a token if exp(s - max s) >= min_p; min_p == 0 keeps every token (the filter switched
+     off: where s overflows to +inf, from finite logits over a small temperature, exp(inf - inf) is NaN);
   5. Gumbel-max: choose argmax over kept tokens of s + g, ties to the lowest id, where
      g = -log(-log(u)) and u in (0, 1) comes from a counter-based hash of
      (seed, output position, token id) -- see `gumbel_noise`.
@@ -20,7 +29,10 @@ temperature, top_p and min_p take part as fp32 numbers (a min_p of 1e-50 is 0, a
 Because the noise depends only on (seed, position, token id), a seeded request samples the
 same tokens whatever batch it runs in and on either engine (up to floating-point near-ties).
 Log-probabilities reported to the user are log_softmax of the raw fp32 logits, independent of
-temperature and filtering.
+temperature and filtering. An unsampleable row reports none (it yields no token). A prompt position
+(SamplingParams.prompt_logprobs) is scored whatever its logits: where they are unsampleable,
+log_softmax is NaN throughout, and its entry holds those NaNs; the request goes on (no token is drawn
+there, so nothing is lost but that position's scores).
 
 The tensor functions below (`SamplingTensors`, `scale_logits`, the masks, `gumbel_max`) are pure
 and batch-wide, so an engine that keeps its per-row parameters on the device (fast/sampler.py)
@@ -53,6 +65,14 @@ FMIX32_MULTIPLIER_2 = 0xC2B2AE35
 # 23 bits, not 24: (k + 0.5) needs UNIFORM_BITS + 1 significant bits, and fp32 has 24, so u is
 # exact and strictly inside (0, 1). With 24 bits the largest k rounded u to 1.0 and its noise to +inf.
 UNIFORM_BITS = 23
+
+# -- unsampleable rows ----------------------------------------------------------------------
+# What `sample_tokens` returns for an unsampleable row instead of a token id, by cause: negative, so
+# never a vocabulary id (no stop id matches one), and distinct from spec.request.PENDING_TOKEN (-1).
+UNSAMPLEABLE_NAN = -2  # the row holds a NaN
+UNSAMPLEABLE_POSITIVE_INF = -3  # the row holds +inf (and no NaN)
+UNSAMPLEABLE_NO_FINITE = -4  # every value is -inf
+UNSAMPLEABLE_CAUSES = {UNSAMPLEABLE_NAN: "NaN", UNSAMPLEABLE_POSITIVE_INF: "+inf", UNSAMPLEABLE_NO_FINITE: "all -inf"}
 
 
 @dataclass(frozen=True)
@@ -153,6 +173,28 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
 # -- the steps, batch-wide ------------------------------------------------------------------
 
 
+def row_max(logits: torch.Tensor) -> torch.Tensor:
+    """fp32 [B]: each row's largest logit; NaN where the row holds a NaN (torch's max propagates it)."""
+    return torch.amax(logits.to(torch.float32), dim=-1)
+
+
+def unsampleable_rows(logits: torch.Tensor) -> torch.Tensor:
+    """bool [B]: the rows that yield no token. A row's max is NaN if it holds a NaN, +inf if it holds
+    +inf, -inf if every value is -inf, and finite exactly when the row is sampleable."""
+    return ~torch.isfinite(row_max(logits))
+
+
+def with_unsampleable_codes(tokens: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: tokens, with each unsampleable row's code (its cause, from the row's max `maxima`) in
+    place of its token. Elementwise over [B]: no pass over the vocabulary."""
+    codes = maxima.nan_to_num(UNSAMPLEABLE_NAN, UNSAMPLEABLE_POSITIVE_INF, UNSAMPLEABLE_NO_FINITE).to(torch.int64)
+    return torch.where(torch.isfinite(maxima), tokens, codes)
+
+
+def is_unsampleable_code(token: int) -> bool:
+    return token in UNSAMPLEABLE_CAUSES
+
+
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """argmax per row; torch returns the first maximum, i.e. the lowest token id."""
     return torch.argmax(logits, dim=-1)
@@ -181,9 +223,10 @@ def top_p_mask(scaled: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) ->
 
 
 def min_p_mask(scaled: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Tokens at least min_p times as likely as the most likely one."""
+    """Tokens at least min_p times as likely as the most likely one; every token where min_p is 0."""
     max_scaled = scaled.max(dim=-1, keepdim=True).values
-    return torch.exp(scaled - max_scaled) >= min_p[:, None]
+    # min_p == 0 is the filter switched off: a token whose s is +inf has exp(inf - inf) = NaN, never >= 0.
+    return (torch.exp(scaled - max_scaled) >= min_p[:, None]) | (min_p[:, None] <= 0.0)
 
 
 def filter_mask(scaled: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
@@ -227,15 +270,17 @@ def kept_mask(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
 
 
 def sample_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Choose one token per row of fp32 logits [B, V] by the rules in this module's docstring."""
+    """Choose one token per row of fp32 logits [B, V] by the rules in this module's docstring: int64 [B],
+    an unsampleable row's UNSAMPLEABLE_* code where its token would be."""
     logits = _check_batch(logits, rows)
+    maxima = row_max(logits)
     argmax = greedy_tokens(logits)
     if all(row.params.is_greedy for row in rows):
-        return argmax
+        return with_unsampleable_codes(argmax, maxima)
     tensors = SamplingTensors.from_rows(rows, logits.shape[1], logits.device)
     scaled = scale_logits(logits, tensors.temperature)
     sampled = gumbel_max(scaled, filter_mask(scaled, tensors), tensors.seeds, tensors.positions)
-    return torch.where(tensors.is_greedy, argmax, sampled)
+    return with_unsampleable_codes(torch.where(tensors.is_greedy, argmax, sampled), maxima)
 
 
 def top_logprobs(
@@ -243,7 +288,8 @@ def top_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """log_softmax of fp32 logits [B, V]: (chosen token's logprob [B], top ids [B, count], top logprobs [B, count])."""
     logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
-    chosen_logprob = logprobs.gather(1, chosen[:, None].to(torch.int64))[:, 0]
+    # An unsampleable row's code reads token 0's logprob: a valid index, for a value nobody reports.
+    chosen_logprob = logprobs.gather(1, chosen[:, None].to(torch.int64).clamp(min=0))[:, 0]
     if count <= 0:
         empty = logprobs.new_empty((logprobs.shape[0], 0))
         return chosen_logprob, empty.to(torch.int64), empty

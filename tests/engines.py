@@ -6,13 +6,15 @@ engines here, so a new engine joins every such test by being added to this table
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
 
-from spec.engine import Engine
+from spec.engine import Engine, sampling_positions
 from spec.engine_config import DEFAULT_NUM_BLOCKS, EngineConfig
 from spec.model_config import ModelConfig
+from spec.request import Request
 from spec.scheduling import StepPlan
 
 ENGINE_NAMES = ("reference", "fast")
@@ -102,3 +104,51 @@ def logits_in_one_buffer(engine: Engine) -> None:
         return rows
 
     runner.launch = launch_into_buffer
+
+
+NON_FINITE_KINDS = ("nan", "+inf", "-inf")  # what plant_non_finite writes into a row
+
+
+def plant_non_finite(
+    engine: Engine, kind: str, output_position: int, chooses: Callable[[Request], bool] = lambda request: True
+) -> None:
+    """Make the logits row that samples output `output_position` of the requests `chooses` picks non-finite,
+    just before sampling (the model itself is untouched): "nan" puts a NaN at token 1, "+inf" puts +inf at
+    token 2, "-inf" makes every value -inf. The reference engine's rows are planted in `_sample`; the fast
+    engine's in its sampler's `sample`, after `_set_sampler_rows` said which request and position each row
+    is (a verify chunk's rows count on from the request's outputs: spec.engine.sampling_positions)."""
+    if kind not in NON_FINITE_KINDS:
+        raise ValueError(f"kind must be one of {NON_FINITE_KINDS}, got {kind!r}")
+
+    def plant(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        positions = sampling_positions(requests)
+        rows = [
+            row
+            for row, (r, p) in enumerate(zip(requests, positions, strict=True))
+            if p == output_position and chooses(r)
+        ]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        for row in rows:
+            if kind == "nan":
+                logits[row, 1] = float("nan")
+            elif kind == "+inf":
+                logits[row, 2] = float("inf")
+            else:
+                logits[row] = float("-inf")
+        return logits
+
+    if hasattr(engine, "sampler"):  # the fast engine
+        rows_set: list[Request] = []
+        set_rows, sample = engine._set_sampler_rows, engine.sampler.sample  # type: ignore[attr-defined]
+
+        def recording_set_rows(sampling: list[tuple[int, Request]]) -> None:
+            rows_set[:] = [request for _, request in sampling]
+            set_rows(sampling)
+
+        engine._set_sampler_rows = recording_set_rows  # type: ignore[attr-defined]
+        engine.sampler.sample = lambda logits: sample(plant(logits, rows_set))  # type: ignore[attr-defined]
+        return
+    sample_rows = engine._sample  # type: ignore[attr-defined]
+    engine._sample = lambda logits, requests, plan: sample_rows(plant(logits, requests), requests, plan)  # type: ignore[attr-defined]

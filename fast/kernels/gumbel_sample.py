@@ -25,7 +25,8 @@ chunk, and the first chunk wins across chunks.
 Bit-identical to spec.sampling on the same GPU: the division is IEEE round-to-nearest (div_rn),
 u is exact, log is libdevice's logf (the same routine CUDA's logf, which torch.log calls, uses),
 and the sum s + g is one fp32 add. NaN logits are not handled as torch.argmax would (first NaN
-wins there); the model never produces them.
+wins there): a row holding one is unsampleable (spec.sampling), and fast.sampler.Sampler puts the
+row's code in place of whatever this kernel drew for it.
 """
 
 from __future__ import annotations

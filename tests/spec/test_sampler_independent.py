@@ -105,6 +105,17 @@ def independent_sample(
     return IndependentDraw(kept, fragile, token, bool(rivals_near or fragile_rivals or fragile[token]), float(margin))
 
 
+def independent_unsampleable(logits: np.ndarray) -> int | None:
+    """The spec's code for a row that yields no token (a NaN, else a +inf, else no finite value), or None."""
+    if np.isnan(logits).any():
+        return spec_sampling.UNSAMPLEABLE_NAN
+    if np.isposinf(logits).any():
+        return spec_sampling.UNSAMPLEABLE_POSITIVE_INF
+    if not np.isfinite(logits).any():
+        return spec_sampling.UNSAMPLEABLE_NO_FINITE
+    return None
+
+
 def _independent_top_p(
     scores: np.ndarray, scores32: np.ndarray, kept: np.ndarray, fragile: np.ndarray, top_p: float, tolerance: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -315,6 +326,95 @@ def test_fast_sampler_refuses_batches_it_was_not_set_for() -> None:
     sampler.set_rows([SamplingRow(SamplingParams(), 0, 0)] * 2)
     with pytest.raises(ValueError, match=r"logits must be \[2, 10\]"):
         sampler.sample(torch.zeros(1, 10, device=FAST_DEVICE))
+
+
+# -- rows that yield no token (spec.sampling: unsampleable) and rows whose scaled logits overflow ---------
+
+NON_FINITE = (float("nan"), float("inf"), float("-inf"))
+
+
+@st.composite
+def batches_with_non_finite_rows(draw: st.DrawFn) -> tuple[torch.Tensor, list[SamplingRow]]:
+    """Batches whose rows may hold NaN, +inf and -inf among finite values, or be all -inf; any parameters."""
+    logits, rows = draw(batches())
+    for row in range(logits.shape[0]):
+        shape = draw(st.sampled_from(["finite", "sprinkled", "all -inf"]))
+        if shape == "all -inf":
+            logits[row] = float("-inf")
+        elif shape == "sprinkled":
+            for column in draw(st.lists(st.integers(0, logits.shape[1] - 1), min_size=1, max_size=3)):
+                logits[row, column] = draw(st.sampled_from(NON_FINITE))
+    return logits, rows
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=batches_with_non_finite_rows())
+def test_unsampleable_rows_yield_their_code_and_leave_the_other_rows_as_they_were(sampler: str, batch) -> None:
+    """An unsampleable row gives its cause's code whatever its parameters; every other row (-inf masking
+    included) gives the independent sampler's token and the token it gets in a batch of its own (the other rows
+    made finite): bit for bit what it would be without its neighbours."""
+    logits, rows = batch
+    tokens = SAMPLERS[sampler](logits, rows)[1]
+    for row_index, row in enumerate(rows):
+        values = logits[row_index].numpy()
+        code = independent_unsampleable(values)
+        if code is not None:
+            assert int(tokens[row_index]) == code, (row_index, values.tolist())
+            continue
+        alone = SAMPLERS[sampler](logits[row_index : row_index + 1], [row])[1]
+        assert int(tokens[row_index]) == int(alone[0]), (row_index, row)
+        draw = independent_sample(values, row.params, row.seed, row.output_position)
+        if not draw.token_fragile:
+            assert int(tokens[row_index]) == draw.token, (row_index, row, int(tokens[row_index]), draw.token)
+
+
+# The issue's row: the spec used to skip the +inf token (min-p at 0 dropped it) and the fast sampler took it.
+ISSUE_ROW = [1.0, float("inf"), 0.5, 2.0]
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0),
+        SamplingParams(seed=3),
+        SamplingParams(seed=3, top_k=2),
+        SamplingParams(seed=3, top_p=0.5),
+        SamplingParams(seed=3, min_p=0.2),
+    ],
+    ids=["greedy", "seeded", "top-k", "top-p", "min-p"],
+)
+def test_the_issue_row_is_unsampleable_for_every_parameter(sampler: str, params: SamplingParams) -> None:
+    logits = torch.tensor(
+        [ISSUE_ROW, [1.0, float("nan"), 0.5, 2.0], [float("-inf")] * 4, [1.0, float("-inf"), 0.5, 2.0]]
+    )
+    rows = [SamplingRow(params, seed=3, output_position=i) for i in range(4)]
+    tokens = SAMPLERS[sampler](logits, rows)[1].tolist()
+    codes = [
+        spec_sampling.UNSAMPLEABLE_POSITIVE_INF,
+        spec_sampling.UNSAMPLEABLE_NAN,
+        spec_sampling.UNSAMPLEABLE_NO_FINITE,
+    ]
+    assert tokens[:3] == codes
+    assert tokens[3] == int(SAMPLERS[sampler](logits[3:], rows[3:])[1][0]) and 0 <= tokens[3] < 4
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+@pytest.mark.parametrize("greedy_neighbour", [False, True])
+def test_scaled_logits_that_overflow_keep_every_token_under_neutral_filters(
+    sampler: str, greedy_neighbour: bool
+) -> None:
+    """Finite logits over a small temperature can scale to +inf (a sampleable row): neutral filters keep every
+    token, applied or skipped (min_p == 0 by the spec's rule, not by exp(inf - inf) >= 0), so the +inf token
+    wins. A greedy neighbour with non-neutral filters makes the fast sampler apply them to this row too."""
+    big = 3e38
+    logits = torch.tensor([[1.0, big, 0.5, -big, float("-inf")], [1.0, 2.0, 0.5, 0.0, 3.0]])
+    neighbour = SamplingParams(temperature=0.0, top_k=2, top_p=0.5, min_p=0.5) if greedy_neighbour else SamplingParams()
+    rows = [SamplingRow(SamplingParams(temperature=0.01), seed=1, output_position=0), SamplingRow(neighbour, 2, 0)]
+    kept, tokens = SAMPLERS[sampler](logits, rows)
+    assert int(tokens[0]) == 1
+    assert kept[0].tolist() == [True] * 5
 
 
 # -- end to end: every sampled token, from transformers' logits ---------------------------------
