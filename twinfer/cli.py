@@ -216,6 +216,8 @@ def _run_generate(args: argparse.Namespace) -> int:
         else:
             finish = output.finish_reason.value if output.finish_reason else None
             print(f"[{output.request_id}] finish={finish} tokens={list(output.token_ids)}")
+            if output.error is not None:
+                print(f"[{output.request_id}] error: {output.error}")
             if output.text is not None:
                 print(output.text)
     return 0
@@ -236,6 +238,7 @@ def _output_record(output: RequestOutput) -> dict[str, object]:
         "finish_reason": output.finish_reason.value if output.finish_reason else None,
         "num_cached_prompt_tokens": output.num_cached_prompt_tokens,
         "logprobs": logprobs,
+        "error": output.error,
     }
 
 

@@ -14,7 +14,8 @@ import torch
 import twinfer
 from reference.engine import ReferenceEngine
 from spec.errors import ConfigError, InvalidRequestError
-from tests.engines import FAST_DEVICE
+from spec.request import FinishReason
+from tests.engines import FAST_DEVICE, plant_non_finite
 from twinfer import LLM, EngineConfig, SamplingParams
 from twinfer.registry import default_engine_name, engine_class
 
@@ -109,3 +110,24 @@ def test_fast_engine_through_llm_matches_the_reference(tiny_checkpoint: Path) ->
     reference_outputs = reference.generate(prompts, params)
     assert [o.token_ids for o in fast_outputs] == [o.token_ids for o in reference_outputs]
     assert [o.text for o in fast_outputs] == [o.text for o in reference_outputs]
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_generate_returns_an_unsampleable_request_with_its_error_beside_the_others(
+    tiny_checkpoint: Path, engine: str
+) -> None:
+    """No exception: the request whose logits turn NaN ends with "error" and says why; the others are as usual."""
+    llm = LLM(tiny_checkpoint, engine=engine, dtype="float32", device="cpu" if engine == "reference" else FAST_DEVICE)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    clean = llm.generate([[1, 2, 3], [7, 8, 9]], params)
+    plant_non_finite(llm.engine, "nan", 2, lambda request: request.prompt_token_ids[0] == 7)
+    outputs = llm.generate([[1, 2, 3], [7, 8, 9]], params)
+    assert (outputs[0].token_ids, outputs[0].finish_reason, outputs[0].error) == (
+        clean[0].token_ids,
+        clean[0].finish_reason,
+        None,
+    )
+    assert outputs[1].finish_reason is FinishReason.ERROR and outputs[1].finish_reason.value == "error"
+    assert outputs[1].token_ids == clean[1].token_ids[:2]
+    assert outputs[1].error == "the model produced non-finite logits (NaN) at output position 2"
+    assert outputs[1].text == llm.tokenizer.decode(list(clean[1].token_ids[:2]))

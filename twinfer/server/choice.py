@@ -67,6 +67,7 @@ class ChoiceState:
         self.text = ""
         self.prompt_len = len(spec.prompt_token_ids)
         self.finish_reason: str | None = None
+        self.error: str | None = None  # why the engine ended the choice with FinishReason.ERROR
         self.needs_abort = False  # a stop string ended the choice while the engine request runs on
         self._text_offset = 0
 
@@ -93,6 +94,8 @@ class ChoiceState:
                 self._finish("stop", delta)
                 self.needs_abort = update.finish_reason is None
                 break
+        if not self.finished and update.finish_reason is FinishReason.ERROR:
+            self.error = update.error or "the engine could not sample the next token"
         if not self.finished and update.finish_reason is not None:
             released, stopped = self.matcher.feed(self.detokenizer.flush())
             delta.text += released if stopped else released + self.matcher.flush()
@@ -142,4 +145,5 @@ def _finite(logprob: float) -> float:
 
 def _api_finish_reason(reason: FinishReason) -> str:
     # An engine abort only happens when the client has gone, so nobody reads it; "abort" is honest.
-    return {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}.get(reason, "abort")
+    # ERROR: the server answers with an OpenAI error instead (Generation.updates); "error" is its metrics label.
+    return {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ERROR: "error"}.get(reason, "abort")

@@ -58,6 +58,7 @@ class TokenDelta(NamedTuple):
     num_cached_prompt_tokens: int
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None  # first delta only, when asked for
     is_first: bool
+    error: str | None = None  # why the request ended with FinishReason.ERROR (RequestOutput.error)
 
 
 class DeltaTracker:
@@ -82,6 +83,7 @@ class DeltaTracker:
             num_cached_prompt_tokens=output.num_cached_prompt_tokens,
             prompt_logprobs=output.prompt_logprobs if is_first else None,
             is_first=is_first,
+            error=output.error,
         )
 
     def forget(self, request_id: str) -> None:

@@ -20,6 +20,9 @@ from twinfer.server.errors import ApiError
 from twinfer.server.metrics import ServerMetrics
 from twinfer.server.protocol import Usage
 
+# The error code of a request the engine ended with FinishReason.ERROR (non-finite logits: spec.sampling).
+UNSAMPLEABLE_CODE = "unsampleable_logits"
+
 
 @dataclass
 class _Timing:
@@ -74,6 +77,7 @@ class Generation:
             items = await sink.next_batch()
             now = time.monotonic()
             advanced: dict[str, tuple[ChoiceState, ChoiceDelta]] = {}
+            errors: list[str] = []
             for item in items:
                 if isinstance(item, EngineFailure):
                     raise ApiError(str(item.error), status=500, kind="server_error") from item.error
@@ -84,7 +88,12 @@ class Generation:
                 if earlier is not None:  # several steps arrived together: one delta per choice
                     delta = _merged(earlier[1], delta)
                 advanced[item.request_id] = (choice, delta)
+                if choice.error is not None and delta.finish_reason == "error":
+                    errors.append(choice.error)
+                    delta.finish_reason = None  # the client learns of it from the error that follows
             yield list(advanced.values())
+            if errors:  # the tokens made before it went out above; then OpenAI's error (the stream's last event)
+                raise ApiError(errors[0], status=500, kind="server_error", code=UNSAMPLEABLE_CODE)
 
     async def run_to_end(self) -> None:
         async for _ in self.updates():
