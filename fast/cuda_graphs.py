@@ -11,12 +11,19 @@ memory. A batch of n requests replays the smallest captured size >= n; rows n.. 
 (token 0 at position 0, slot -1 so nothing is stored, seq_len 1 over the padding block), which
 `InputBatch.load(..., pad_to=size)` writes anew every step, so no stale row of an earlier,
 larger batch can leak into a later one.
+
+Python's automatic garbage collection is off while graphs are captured (`no_automatic_gc`): an engine
+dropped in a reference cycle destroys its graphs when it is collected, and destroying a graph is not
+permitted while a stream captures, which invalidates the capture under way (found by the H200 engine
+fuzzer, reports/results/fuzz/engine_fuzz_100k/). torch no longer collects before a capture by default.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+import contextlib
+import gc
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -73,7 +80,7 @@ class DecodeGraphs:
                 forward(size, context)  # warm-up: Triton compiles and autotunes outside the capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with no_automatic_gc(), torch.cuda.graph(graph, pool=pool):
                     self._outputs[size, context] = forward(size, context)
                 pool = graph.pool()
                 self._graphs[size, context] = graph
@@ -97,3 +104,15 @@ class DecodeGraphs:
         """Logits [size, vocab] of the captured step, computed from the inputs' current contents."""
         self._graphs[size, context].replay()
         return self._outputs[size, context]
+
+
+@contextlib.contextmanager
+def no_automatic_gc() -> Iterator[None]:
+    """Python's automatic garbage collection off for the block (restored as it was, also on error)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
