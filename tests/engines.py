@@ -114,11 +114,32 @@ def plant_non_finite(
 ) -> None:
     """Make the logits row that samples output `output_position` of the requests `chooses` picks non-finite,
     just before sampling (the model itself is untouched): "nan" puts a NaN at token 1, "+inf" puts +inf at
-    token 2, "-inf" makes every value -inf. The reference engine's rows are planted in `_sample`; the fast
-    engine's in its sampler's `sample`, after `_set_sampler_rows` said which request and position each row
-    is (a verify chunk's rows count on from the request's outputs: spec.engine.sampling_positions)."""
+    token 2, "-inf" makes every value -inf (see plant_rows)."""
     if kind not in NON_FINITE_KINDS:
         raise ValueError(f"kind must be one of {NON_FINITE_KINDS}, got {kind!r}")
+
+    def edit(row: torch.Tensor) -> None:
+        if kind == "nan":
+            row[1] = float("nan")
+        elif kind == "+inf":
+            row[2] = float("inf")
+        else:
+            row.fill_(float("-inf"))
+
+    plant_rows(engine, edit, output_position, chooses)
+
+
+def plant_rows(
+    engine: Engine,
+    edit: Callable[[torch.Tensor], None],
+    output_position: int,
+    chooses: Callable[[Request], bool] = lambda request: True,
+) -> None:
+    """edit(row) changes, in place and just before sampling, the logits row [V] that samples output
+    `output_position` of the requests `chooses` picks (the model itself is untouched). The reference
+    engine's rows are planted in `_sample`; the fast engine's in its sampler's `sample`, after
+    `_set_sampler_rows` said which request and position each row is (a verify chunk's rows count on from
+    the request's outputs: spec.engine.sampling_positions)."""
 
     def plant(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
         positions = sampling_positions(requests)
@@ -131,12 +152,7 @@ def plant_non_finite(
             return logits
         logits = logits.clone()
         for row in rows:
-            if kind == "nan":
-                logits[row, 1] = float("nan")
-            elif kind == "+inf":
-                logits[row, 2] = float("inf")
-            else:
-                logits[row] = float("-inf")
+            edit(logits[row])
         return logits
 
     if hasattr(engine, "sampler"):  # the fast engine

@@ -24,7 +24,7 @@ from spec.sampling import (
 )
 from spec.sampling_params import SamplingParams
 from spec.speculative import SpeculativeConfig
-from tests.engines import ENGINE_NAMES, build_engine, plant_non_finite
+from tests.engines import ENGINE_NAMES, build_engine, plant_non_finite, plant_rows
 from tests.spec.speculation import PlantedDrafts, always_right
 
 INF, NAN = float("inf"), float("nan")
@@ -194,3 +194,30 @@ def test_a_request_added_while_another_fails_runs_as_it_would_alone(tiny_weights
     plant_non_finite(engine, "+inf", 1, fails)
     outputs = engine.generate(PROMPTS, params)
     check_outputs(clean, outputs, 1, "+inf")
+
+
+def choose_token_zero(row: torch.Tensor) -> None:
+    """Token 0 far ahead of every other: greedy and seeded rows alike sample it (the Gumbel noise spans < 20)."""
+    row.fill_(-30.0)
+    row[0] = 30.0
+
+
+@pytest.mark.parametrize(("name", "settings"), CASES, ids=[f"{n}-{s}" for n, s in CASES])
+def test_token_zero_ending_a_verify_chunk_is_a_token_not_a_code(tiny_weights, name: str, settings: dict) -> None:
+    """Codes are negative: token 0 (a real token; ignore_eos) as the model's own token after agreeing drafts
+    ends its verify chunk and the request goes on, with the tokens of a plain run given the same logits."""
+    params, position = run_params(0), 2
+    plain = make(name, tiny_weights, **settings).generate(PROMPTS, params)
+    expected_engine = make(name, tiny_weights, **settings)
+    plant_rows(expected_engine, choose_token_zero, position, fails)
+    expected = expected_engine.generate(PROMPTS, params)
+    engine = make(name, tiny_weights, speculative=SpeculativeConfig("ngram", 3, large_batch_rows=None), **settings)
+    engine.scheduler.proposer = PlantedDrafts(plain, engine.model_config.vocab_size, always_right)
+    applied = spy_failing_verifies(engine)
+    plant_rows(engine, choose_token_zero, position, fails)
+    outputs = engine.generate(PROMPTS, params)
+    assert [(o.token_ids, o.finish_reason) for o in outputs] == [(o.token_ids, o.finish_reason) for o in expected]
+    failing = next(o for o, prompt in zip(outputs, PROMPTS, strict=True) if prompt[0] == FAILING)
+    assert failing.token_ids[position] == 0 and failing.finish_reason is FinishReason.LENGTH
+    # Token 0 closed a verify chunk after kept drafts (the plain run's token there was not 0, so its draft failed).
+    assert any(len(tokens) > 1 and tokens[-1] == 0 for tokens in applied), applied
