@@ -100,14 +100,32 @@ def fails(request: Request) -> bool:
 
 def check_outputs(clean: list[RequestOutput], outputs: list[RequestOutput], position: int, cause: str) -> None:
     for index, (expected, got) in enumerate(zip(clean, outputs, strict=True)):
-        if PROMPTS[index][0] != FAILING:  # untouched: exactly the clean run's
-            assert got == expected, index
+        if PROMPTS[index][0] != FAILING:  # untouched: the clean run's tokens and finish, logprobs within fp32's 1e-4
+            assert (got.token_ids, got.finish_reason, got.error) == (expected.token_ids, expected.finish_reason, None)
+            assert logprobs_close(got.logprobs, expected.logprobs), index
             continue
         assert got.finish_reason is FinishReason.ERROR
         assert got.token_ids == expected.token_ids[:position]
         assert got.error == f"the model produced non-finite logits ({cause}) at output position {position}"
         if expected.logprobs is not None:
-            assert got.logprobs == expected.logprobs[:position]
+            assert logprobs_close(got.logprobs, expected.logprobs[:position])
+
+
+def logprobs_close(got, expected, tolerance: float = 1e-4) -> bool:
+    """Same tokens and top ids, values within `tolerance`: a batch that loses a request changes shape, and the
+    CPU's matmuls may round otherwise at another shape (the H200 host's 16-core BLAS did: run_34d1239)."""
+    if got is None or expected is None:
+        return got is expected
+    if len(got) != len(expected):
+        return False
+    for a, b in zip(got, expected, strict=True):
+        if a.token_id != b.token_id or abs(a.logprob - b.logprob) > tolerance:
+            return False
+        if [t for t, _ in a.top] != [t for t, _ in b.top]:
+            return False
+        if any(abs(x - y) > tolerance for (_, x), (_, y) in zip(a.top, b.top, strict=True)):
+            return False
+    return True
 
 
 CONFIGS = {
