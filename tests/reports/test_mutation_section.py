@@ -114,6 +114,43 @@ def test_a_module_is_judged_by_its_newest_record(tmp_path: Path) -> None:
     assert checks == {"mutation/b_old/spec/good.py": Status.PASSED, "mutation/a_new/spec/weak.py": Status.PASSED}
 
 
+def test_the_records_fold_unless_a_modules_newest_record_misses_the_target(tmp_path: Path) -> None:
+    """The page stays short: the records one click away, a record no module is judged by any more folded whole,
+    an old record's survivors closed; open only where a module's newest record misses the target."""
+
+    def page(new_modules: list) -> str:
+        old, new = _record(), _record()
+        old["started"], new["started"] = "2026-12-01T10:00:00+00:00", "2026-12-02T10:00:00+00:00"
+        new["modules"] = new_modules
+        if not any(module["survived"] for module in new_modules):
+            new["survivors"] = []  # the re-run killed them
+        directory = tmp_path / str(len(new_modules)) / "reports" / "results" / "mutation"
+        directory.mkdir(parents=True)
+        (directory / "old.json").write_text(json.dumps(old))
+        (directory / "new.json").write_text(json.dumps(new))
+        base = sample_report()
+        report = report_of_sections(
+            created=base.created,
+            commit=base.commit,
+            commit_dirty=base.commit_dirty,
+            settings=base.settings,
+            environment=base.environment,
+            correctness=base.correctness,
+            fuzz=base.fuzz,
+            kernels=base.kernels,
+            speed=base.speed,
+            mutation=committed_mutation_section(directory.parents[2]),
+        )
+        return render_report(_without_plots(report.to_json()))
+
+    passing = page([_module("spec/weak.py", 20, 0), _module("spec/good.py", 20, 0)])
+    assert "2 records, each module judged by its newest" in passing
+    assert "superseded by later records of all its modules" in passing  # old.json: both modules re-run
+    assert '<details class="fold" open>' not in passing.split('id="mutation"')[1].split("</section>")[0]
+    failing = page([_module("spec/weak.py", 18, 2)])
+    assert '<details class="fold" open><summary><strong>2 records' in failing
+
+
 def test_no_record_leaves_the_section_not_run(tmp_path: Path) -> None:
     section = committed_mutation_section(tmp_path)
     assert section.status is Status.NOT_RUN and "no committed mutation record" in section.detail
