@@ -63,15 +63,10 @@ def _write_record(root: Path, record: dict[str, object]) -> None:
     (directory / "notes.json").write_text(json.dumps({"kind": "something else"}))  # not a mutation record
 
 
-def test_each_module_is_held_to_the_target_and_survivors_are_shown(tmp_path: Path) -> None:
-    _write_record(tmp_path, _record())
-    section = committed_mutation_section(tmp_path)
-    [run] = section.runs
-    assert section.status is Status.FAILED and run.status is Status.FAILED  # spec/weak.py: 90% < 95%
-    assert "incomplete: stopped at the run's time limit" in run.detail and "spec/weak.py" in run.detail
-
+def report_with(section):
+    """The sample report with `section` as its mutation section."""
     base = sample_report()
-    report = report_of_sections(
+    return report_of_sections(
         created=base.created,
         commit=base.commit,
         commit_dirty=base.commit_dirty,
@@ -83,6 +78,16 @@ def test_each_module_is_held_to_the_target_and_survivors_are_shown(tmp_path: Pat
         speed=base.speed,
         mutation=section,
     )
+
+
+def test_each_module_is_held_to_the_target_and_survivors_are_shown(tmp_path: Path) -> None:
+    _write_record(tmp_path, _record())
+    section = committed_mutation_section(tmp_path)
+    [run] = section.runs
+    assert section.status is Status.FAILED and run.status is Status.FAILED  # spec/weak.py: 90% < 95%
+    assert "incomplete: stopped at the run's time limit" in run.detail and "spec/weak.py" in run.detail
+
+    report = report_with(section)
     checks = {check.id: check.status for check in report.checks if check.section == "mutation"}
     assert checks == {"mutation/local/spec/good.py": Status.PASSED, "mutation/local/spec/weak.py": Status.FAILED}
     scores = {figure.id: figure.value for figure in report.figures if figure.section == "mutation"}
@@ -128,19 +133,7 @@ def test_the_records_fold_unless_a_modules_newest_record_misses_the_target(tmp_p
         directory.mkdir(parents=True)
         (directory / "old.json").write_text(json.dumps(old))
         (directory / "new.json").write_text(json.dumps(new))
-        base = sample_report()
-        report = report_of_sections(
-            created=base.created,
-            commit=base.commit,
-            commit_dirty=base.commit_dirty,
-            settings=base.settings,
-            environment=base.environment,
-            correctness=base.correctness,
-            fuzz=base.fuzz,
-            kernels=base.kernels,
-            speed=base.speed,
-            mutation=committed_mutation_section(directory.parents[2]),
-        )
+        report = report_with(committed_mutation_section(directory.parents[2]))
         return render_report(_without_plots(report.to_json()))
 
     passing = page([_module("spec/weak.py", 20, 0), _module("spec/good.py", 20, 0)])
