@@ -23,12 +23,13 @@ from hypothesis.stateful import initialize, precondition, rule
 from fuzz import stats
 from fuzz.properties import CONSERVATION, IDLE_POOL_FREE, LIVENESS, violated
 from fuzz.strategies import CountedMachine, checked_step
+from spec.agreement import token_logprobs_agree
 from spec.engine import Engine
 from spec.engine_config import EngineConfig
 from spec.errors import InvalidRequestError
 from spec.invariants import check_scheduler
 from spec.model_config import ModelConfig
-from spec.request import FinishReason, RequestOutput, TokenLogprobs
+from spec.request import FinishReason, RequestOutput
 from spec.sampling_params import SamplingParams
 from spec.scheduling import StepPlan
 
@@ -297,13 +298,5 @@ def _check_logprobs(request_id: str, what: str, actual: Any, expected: Any) -> N
             if got is not want:
                 raise violated(SOLO_AGREEMENT, f"{request_id!r} {what}[{position}]: {got}; alone: {want}")
             continue
-        if not _logprobs_close(got, want):
+        if not token_logprobs_agree(got, want, LOGPROB_TOLERANCE):
             raise violated(SOLO_AGREEMENT, f"{request_id!r} {what}[{position}]: {got}; alone: {want}")
-
-
-def _logprobs_close(got: TokenLogprobs, want: TokenLogprobs) -> bool:
-    if got.token_id != want.token_id or abs(got.logprob - want.logprob) > LOGPROB_TOLERANCE:
-        return False
-    if [token for token, _ in got.top] != [token for token, _ in want.top]:
-        return False
-    return all(abs(a - b) <= LOGPROB_TOLERANCE for (_, a), (_, b) in zip(got.top, want.top, strict=True))

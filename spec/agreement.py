@@ -6,6 +6,7 @@ the largest log-probability difference on the tokens both report.
 
 Agreement rules:
 * fp32: token ids identical, and every top-k log-probability within `logprob_tolerance`.
+  `token_logprobs_agree` is the same fp32 rule for one position of a request's reported logprobs.
 * bf16/fp16 (`rule="near-tie"`): up to the first divergence tokens are identical; at the
   divergence each side's token must be among the other side's top-k (a near-tie, not a bug).
 """
@@ -13,6 +14,8 @@ Agreement rules:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+from spec.request import TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -67,3 +70,15 @@ def compare_traces(
         divergence_is_near_tie=near_tie,
         agree=agree,
     )
+
+
+def token_logprobs_agree(got: TokenLogprobs, want: TokenLogprobs, tolerance: float = 1e-4) -> bool:
+    """fp32's rule at one position: the same token and top ids in order, every logprob within `tolerance`.
+
+    Not bitwise: the same request in another batch shape may round otherwise (a CPU's BLAS threads split
+    a matmul by its shape; the H200 host's 16 cores did where the 2-core machine did not)."""
+    if got.token_id != want.token_id or abs(got.logprob - want.logprob) > tolerance:
+        return False
+    if [token for token, _ in got.top] != [token for token, _ in want.top]:
+        return False
+    return all(abs(a - b) <= tolerance for (_, a), (_, b) in zip(got.top, want.top, strict=True))

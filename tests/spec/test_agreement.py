@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from spec.agreement import Trace, compare_traces
+from spec.agreement import Trace, compare_traces, token_logprobs_agree
+from spec.request import TokenLogprobs
 
 
 def trace(tokens: list[int], tops: list[dict[int, float]]) -> Trace:
@@ -91,3 +92,29 @@ def test_traces_and_comparisons_are_immutable() -> None:
         comparison.agree = False  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         BASE.token_ids = ()  # type: ignore[misc]
+
+
+POSITION = TokenLogprobs(token_id=3, logprob=-0.5, top=((3, -0.5), (7, -1.25)))
+
+
+@pytest.mark.parametrize(
+    "other, agree",
+    [
+        (POSITION, True),
+        (TokenLogprobs(3, -0.5 + 1e-4, ((3, -0.5 + 1e-4), (7, -1.25 - 1e-4))), True),  # the tolerance is inclusive
+        (TokenLogprobs(3, -0.5 + 2e-4, ((3, -0.5), (7, -1.25))), False),  # the token's own logprob
+        (TokenLogprobs(3, -0.5, ((3, -0.5), (7, -1.25 + 2e-4))), False),  # a top value
+        (TokenLogprobs(4, -0.5, ((3, -0.5), (7, -1.25))), False),  # another token
+        (TokenLogprobs(3, -0.5, ((7, -0.5), (3, -1.25))), False),  # top ids in another order
+        (TokenLogprobs(3, -0.5, ((3, -0.5), (8, -1.25))), False),  # another top id
+    ],
+)
+def test_token_logprobs_agree_is_fp32s_rule_at_one_position(other: TokenLogprobs, agree: bool) -> None:
+    assert token_logprobs_agree(other, POSITION) is agree
+    assert token_logprobs_agree(POSITION, other) is agree
+
+
+def test_token_logprobs_agree_takes_a_tolerance() -> None:
+    loose = TokenLogprobs(3, -0.49, ((3, -0.49), (7, -1.26)))
+    assert not token_logprobs_agree(loose, POSITION)
+    assert token_logprobs_agree(loose, POSITION, tolerance=0.02)

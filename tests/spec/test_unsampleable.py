@@ -13,8 +13,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spec.agreement import token_logprobs_agree
 from spec.engine_config import EngineConfig
-from spec.request import PENDING_TOKEN, FinishReason, LifecycleError, Request, RequestOutput, unsampleable_error
+from spec.request import (
+    PENDING_TOKEN,
+    FinishReason,
+    LifecycleError,
+    Request,
+    RequestOutput,
+    TokenLogprobs,
+    unsampleable_error,
+)
 from spec.sampling import (
     UNSAMPLEABLE_CAUSES,
     UNSAMPLEABLE_NAN,
@@ -111,21 +120,12 @@ def check_outputs(clean: list[RequestOutput], outputs: list[RequestOutput], posi
             assert logprobs_close(got.logprobs, expected.logprobs[:position])
 
 
-def logprobs_close(got, expected, tolerance: float = 1e-4) -> bool:
-    """Same tokens and top ids, values within `tolerance`: a batch that loses a request changes shape, and the
-    CPU's matmuls may round otherwise at another shape (the H200 host's 16-core BLAS did: run_34d1239)."""
+def logprobs_close(got: tuple[TokenLogprobs, ...] | None, expected: tuple[TokenLogprobs, ...] | None) -> bool:
+    """fp32's rule position by position: a batch that loses a request changes shape, and the CPU's matmuls may
+    round otherwise at another shape (the H200 host's 16-core BLAS did: run_34d1239)."""
     if got is None or expected is None:
         return got is expected
-    if len(got) != len(expected):
-        return False
-    for a, b in zip(got, expected, strict=True):
-        if a.token_id != b.token_id or abs(a.logprob - b.logprob) > tolerance:
-            return False
-        if [t for t, _ in a.top] != [t for t, _ in b.top]:
-            return False
-        if any(abs(x - y) > tolerance for (_, x), (_, y) in zip(a.top, b.top, strict=True)):
-            return False
-    return True
+    return len(got) == len(expected) and all(map(token_logprobs_agree, got, expected))
 
 
 CONFIGS = {
