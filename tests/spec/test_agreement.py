@@ -118,3 +118,12 @@ def test_token_logprobs_agree_takes_a_tolerance() -> None:
     loose = TokenLogprobs(3, -0.49, ((3, -0.49), (7, -1.26)))
     assert not token_logprobs_agree(loose, POSITION)
     assert token_logprobs_agree(loose, POSITION, tolerance=0.02)
+
+
+def test_token_logprobs_agree_holds_values_exactly_at_the_tolerance() -> None:
+    """Exactly representable: a difference of 0.25 is at a tolerance of 0.25, not past it."""
+    at = TokenLogprobs(3, -0.25, ((3, -0.25), (7, -1.0)))
+    assert token_logprobs_agree(at, POSITION, tolerance=0.25)  # the token's own logprob -0.5 -> -0.25
+    top_at = TokenLogprobs(3, -0.5, ((3, -0.5), (7, -1.5)))
+    assert token_logprobs_agree(top_at, POSITION, tolerance=0.25)  # a top value -1.25 -> -1.5
+    assert not token_logprobs_agree(top_at, POSITION, tolerance=0.125)
