@@ -10,6 +10,8 @@ the failing token) and with speculative decoding (the planted position inside a 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -109,8 +111,8 @@ def fails(request: Request) -> bool:
 
 def check_outputs(clean: list[RequestOutput], outputs: list[RequestOutput], position: int, cause: str) -> None:
     for index, (expected, got) in enumerate(zip(clean, outputs, strict=True)):
-        if PROMPTS[index][0] != FAILING:  # untouched: the clean run's tokens and finish, logprobs within fp32's 1e-4
-            assert (got.token_ids, got.finish_reason, got.error) == (expected.token_ids, expected.finish_reason, None)
+        if PROMPTS[index][0] != FAILING:  # untouched: the clean run's output, its logprobs within fp32's 1e-4
+            assert replace(got, logprobs=None) == replace(expected, logprobs=None), index
             assert logprobs_close(got.logprobs, expected.logprobs), index
             continue
         assert got.finish_reason is FinishReason.ERROR
