@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
 import hypothesis.strategies as st
 from hypothesis import reject
 from hypothesis.control import current_build_context
-from hypothesis.errors import InvalidArgument
+from hypothesis.errors import InvalidArgument, UnsatisfiedAssumption
 from hypothesis.stateful import RuleBasedStateMachine
 
 from fuzz import stats
@@ -148,13 +148,18 @@ class CountedMachine(RuleBasedStateMachine):
 
     @contextmanager
     def failures_screened(self) -> Iterator[None]:
-        """Failures pass through, except other failures than `expected_failure`'s where it is set."""
+        """Failures pass through, except other failures than `expected_failure`'s where it is set. Each one
+        that passes through is counted (`failures`), so that a long run's live counters say whether it has
+        failed so far even if it is stopped before hypothesis reports."""
         try:
             yield
+        except UnsatisfiedAssumption:
+            raise  # an example discarded (reject), not a failure
         except Exception as failure:
             if self.expected_failure is not None and getattr(failure, "invariant", None) != self.expected_failure:
                 stats.bump(self.stats_label, "examples_failing_otherwise")
                 reject()
+            stats.bump(self.stats_label, "failures")
             raise
 
 

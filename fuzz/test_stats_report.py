@@ -10,8 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis.errors import UnsatisfiedAssumption
+from hypothesis.stateful import rule
 
-from fuzz.stats_report import REPO_ROOT, STATS_PATH_VARIABLE
+from fuzz import stats
+from fuzz.stats_report import REPO_ROOT, STATS_PATH_VARIABLE, result
+from fuzz.strategies import CountedMachine, checked_step
 
 # Four tests, each counting its own power of ten, so a lost or doubled worker shows in the sums.
 COUNTING_TESTS = """
@@ -68,3 +72,39 @@ def test_statistics_are_summed_over_every_test(options: tuple[str, ...], tmp_pat
     assert record["totals"]["examples"] == 4
     assert record["test_outcomes"] == {"passed": 4}
     assert record["result"] == "passed"
+
+
+def test_exit_statuses_name_the_result() -> None:
+    """A soak stopped by SIGINT at its time limit is "interrupted", not "failed": its verdict is the failures its
+    machines counted (fuzz/strategies.py); every other non-zero status is a failure."""
+    assert [result(status) for status in pytest.ExitCode] == [
+        "passed" if status == pytest.ExitCode.OK else "interrupted" if status == 2 else "failed"
+        for status in pytest.ExitCode
+    ]
+    assert result(2) == "interrupted" and result(1) == "failed" and result(0) == "passed"
+
+
+class _Machine(CountedMachine):
+    stats_label = "counting failures"
+
+    @rule()
+    @checked_step
+    def fails(self) -> None:
+        raise AssertionError("a check that raised")
+
+    @rule()
+    @checked_step
+    def declines(self) -> None:
+        raise UnsatisfiedAssumption("discarded")  # what hypothesis.reject raises
+
+
+def test_machines_count_each_failure_as_it_happens_but_not_a_discarded_example() -> None:
+    """The live counters say whether a long run has failed so far: a run stopped before hypothesis reports it
+    still shows its failures."""
+    before = stats.counters(_Machine.stats_label).get("failures", 0)
+    machine = _Machine()
+    with pytest.raises(AssertionError):
+        machine.fails()
+    with pytest.raises(UnsatisfiedAssumption):
+        machine.declines()
+    assert stats.counters(_Machine.stats_label).get("failures", 0) == before + 1

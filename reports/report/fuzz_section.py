@@ -78,10 +78,13 @@ def fuzz_run_from_record(
 ) -> FuzzRun:
     """A FuzzRun from a statistics record (or a committed record wrapping one under "run")."""
     run = record.get("run", record)
-    passed = run.get("result") == "passed"
+    passed = run_passed(run)
     machines = run.get("machines", {})
     planted = tuple(
-        PlantedBug(label.removeprefix(PLANTED_PREFIX), _caught(label.removeprefix(PLANTED_PREFIX), outcomes, passed))
+        PlantedBug(
+            label.removeprefix(PLANTED_PREFIX),
+            _caught(label.removeprefix(PLANTED_PREFIX), outcomes, run.get("result") == "passed"),
+        )
         for label in sorted(machines)
         if label.startswith(PLANTED_PREFIX)
     )
@@ -95,7 +98,7 @@ def fuzz_run_from_record(
         source=source,
         path=path,
         status=Status.PASSED if passed else Status.FAILED,
-        detail=f"{run.get('result', 'unknown')}: {summary or 'no test outcomes recorded'}",
+        detail=_detail(run, summary),
         profile=str(run.get("profile", "")),
         command=str(record.get("command") or run.get("command", "")),
         commit=str(run.get("git_commit") or record.get("git_commit") or ""),
@@ -104,6 +107,20 @@ def fuzz_run_from_record(
         planted_bugs=planted,
         machines=coverage,
     )
+
+
+def run_passed(run: dict[str, Any]) -> bool:
+    """Passed; or stopped by a signal at its time limit (a soak ends so) with no failure counted by its machines,
+    which count every check that raises as it happens. A run recorded before they counted is not passed."""
+    if run.get("result") == "passed":
+        return True
+    return run.get("result") == "interrupted" and run.get("failures_counted") == 0
+
+
+def _detail(run: dict[str, Any], summary: str) -> str:
+    if run.get("result") == "interrupted":
+        return f"interrupted at its time limit, {run.get('failures_counted', 'no count of')} failures counted"
+    return f"{run.get('result', 'unknown')}: {summary or 'no test outcomes recorded'}"
 
 
 def _caught(name: str, outcomes: tuple[TestOutcome, ...] | None, whole_run_passed: bool) -> bool | None:

@@ -380,6 +380,28 @@ def test_fuzz_run_names_a_planted_bug_that_was_not_caught() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("result", "failures_counted", "status"),
+    [
+        ("interrupted", 0, Status.PASSED),
+        ("interrupted", 2, Status.FAILED),
+        ("interrupted", None, Status.FAILED),  # recorded before the machines counted failures
+        ("failed", 0, Status.FAILED),
+        ("passed", 0, Status.PASSED),
+    ],
+)
+def test_a_soak_stopped_at_its_time_limit_passes_only_with_no_failure_counted(
+    result: str, failures_counted: int | None, status: Status
+) -> None:
+    record = {"profile": "soak", "result": result, "totals": {"examples": 10}, "machines": {"engine[fast]": {}}}
+    if failures_counted is not None:
+        record["failures_counted"] = failures_counted
+    run = fuzz_run_from_record({"run": record}, "committed", "reports/results/fuzz/x.json", None)
+    assert run.status is status
+    if result == "interrupted":
+        assert run.detail.startswith("interrupted at its time limit"), run.detail
+
+
 def test_kernel_section_summarises_a_real_pytest_run(tmp_path: Path) -> None:
     module = tmp_path / "test_sample_kernels.py"
     module.write_text(
