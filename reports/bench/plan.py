@@ -26,7 +26,12 @@ skipped and says so. At its limit its process group gets `signal`, and SIGKILL K
 `timeout -k` does; its status is then 124, or 137 when it had to be killed. OUT gets NAME.log per step
 (stdout and stderr), done.txt (a line per step as it ends: `NAME rc=R at Ts (limit Ls)`, or `skipped NAME:
 why`), commit.txt (--commit, else `git rev-parse HEAD`: a device's copy of the tree can carry stale git
-metadata, so give the commit under test) and the plan file itself.
+metadata, so give the commit under test), tree.txt and the plan file itself.
+
+tree.txt is the git tree id of the files the runner's folder holds as they are (the tracked ones and the untracked
+ones git does not ignore; hashed through a scratch index, so the checkout's own index and HEAD, stale or not, play no
+part): where it equals `git rev-parse COMMIT^{tree}`, the tree that ran is exactly COMMIT's, whatever commit.txt
+says. "unknown" where git cannot tell (no git, or not a checkout).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -52,7 +58,7 @@ DEFAULT_BUDGET_S = 580.0  # of the device's 600 s a call, leaving time to hand t
 MIN_STEP_S = 30.0  # a step with less than this left is skipped: too short to start a Python process and a GPU
 KILL_AFTER_S = 10.0  # after the limit's signal, SIGKILL this much later
 TIMED_OUT, KILLED, NOT_FOUND = 124, 137, 127  # the statuses `timeout` and a shell give
-DONE_FILE, COMMIT_FILE = "done.txt", "commit.txt"
+DONE_FILE, COMMIT_FILE, TREE_FILE = "done.txt", "commit.txt", "tree.txt"
 STEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PLAN_KEYS = {"description", "budget_s", "env", "steps"}
 STEP_KEYS = {"name", "command", "limit_s", "cwd", "env", "signal", "stop_on_failure", "summary"}
@@ -202,6 +208,7 @@ def run_plan(
     plan's, else DEFAULT_BUDGET_S) counts from this call's start."""
     out.mkdir(parents=True, exist_ok=True)
     (out / COMMIT_FILE).write_text(commit + "\n")
+    (out / TREE_FILE).write_text(worktree_tree_id() + "\n")
     if plan_file is not None and plan_file.resolve() != (out / plan_file.name).resolve():
         shutil.copyfile(plan_file, out / plan_file.name)
     budget = next(value for value in (budget_s, plan.budget_s, DEFAULT_BUDGET_S) if value is not None)
@@ -286,6 +293,25 @@ def current_commit() -> str:
     return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
+def worktree_tree_id(folder: Path | None = None) -> str:
+    """The git tree id of the checkout's files as they are in `folder` (default: here), through a scratch index:
+    equal to `git rev-parse COMMIT^{tree}` exactly when they are COMMIT's files. "unknown" where git cannot say."""
+    with tempfile.TemporaryDirectory() as scratch:
+        environment = os.environ | {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        try:
+            for command in (["git", "add", "--all", "--", ":/"], ["git", "write-tree"]):
+                result = subprocess.run(
+                    command, cwd=folder, env=environment, capture_output=True, text=True, check=False, timeout=120
+                )
+                if result.returncode != 0:
+                    logger.warning("no tree id: %s: %s", " ".join(command), result.stderr.strip()[-300:])
+                    return "unknown"
+        except (OSError, subprocess.TimeoutExpired) as error:
+            logger.warning("no tree id: %s", error)
+            return "unknown"
+    return result.stdout.strip()
+
+
 def summary_lines(plan: Plan, results: Sequence[StepResult], out: Path, tail: int = 3) -> list[str]:
     """done.txt's lines, then per step that ran the lines of its log that its `summary` pattern matches
     (else its last `tail` lines), progress-bar redraws split into lines."""
@@ -313,7 +339,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
-        help="where the logs, done.txt, commit.txt and a copy of the plan go (default: $OUT, the device's output)",
+        help="where the logs, done.txt, commit.txt, tree.txt and a copy of the plan go (default: $OUT, the device's "
+        "output)",
     )
     parser.add_argument(
         "--budget-s",

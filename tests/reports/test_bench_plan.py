@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -119,3 +121,51 @@ def test_json_plans_read_like_toml_plans(tmp_path: Path) -> None:
 def test_every_committed_plan_loads(path: Path) -> None:
     plan = plan_runner.load_plan(path)
     assert plan.steps and plan.description
+
+
+def _git(folder: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_tree_id_names_the_files_that_ran_whatever_the_checkout_says(tmp_path: Path) -> None:
+    """A device's copy of the tree can carry stale git metadata (a call once recorded the commit before the one
+    that ran): tree.txt is computed from the files alone, so it equals COMMIT^{tree} exactly for COMMIT's files."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    (repo / ".gitignore").write_text("/scratch/\n")
+    (repo / "pkg" / "code.py").write_text("x = 1\n")
+    (repo / "run.sh").write_text("echo\n")
+    (repo / "run.sh").chmod(0o755)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "first")
+    first = _git(repo, "rev-parse", "HEAD^{tree}")
+    (repo / "scratch").mkdir()
+    (repo / "scratch" / "log.txt").write_text("ignored\n")
+    assert plan_runner.worktree_tree_id(repo / "pkg") == first, "from a subfolder, with ignored files beside"
+
+    (repo / "pkg" / "code.py").write_text("x = 2\n")  # the files move on; the checkout's HEAD and index do not
+    (repo / "pkg" / "new.py").write_text("y = 1\n")
+    changed = plan_runner.worktree_tree_id(repo)
+    assert changed not in (first, "unknown")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "second")
+    assert changed == _git(repo, "rev-parse", "HEAD^{tree}")
+    _git(repo, "reset", "-q", "--mixed", "HEAD~1")  # stale metadata: HEAD and index say first, the files are second's
+    assert plan_runner.worktree_tree_id(repo) == changed
+    assert _git(repo, "write-tree") == first, "the checkout's own index is left as it was"
+
+    outside = tmp_path / "not-a-checkout"
+    outside.mkdir()
+    assert plan_runner.worktree_tree_id(outside) == "unknown"
+
+
+def test_a_run_records_the_tree_beside_the_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan_runner, "worktree_tree_id", lambda folder=None: "tree-of-the-files")
+    plan = plan_runner.parse_plan({"steps": [{"name": "one", "limit_s": 30, "command": _python("pass")}]})
+    plan_runner.run_plan(plan, tmp_path / "out", commit="abc1234")
+    assert (tmp_path / "out" / "commit.txt").read_text() == "abc1234\n"
+    assert (tmp_path / "out" / "tree.txt").read_text() == "tree-of-the-files\n"
