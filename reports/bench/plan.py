@@ -203,12 +203,15 @@ def run_plan(
     budget_s: float | None = None,
     plan_file: Path | None = None,
     clock: Callable[[], float] = time.monotonic,
+    tree: str | None = None,
 ) -> list[StepResult]:
     """Every step in order, as the module docstring says; returns each step's result. `budget_s` (else the
-    plan's, else DEFAULT_BUDGET_S) counts from this call's start."""
+    plan's, else DEFAULT_BUDGET_S) counts from this call's start. `tree` (main: worktree_tree_id()) goes to
+    tree.txt."""
     out.mkdir(parents=True, exist_ok=True)
     (out / COMMIT_FILE).write_text(commit + "\n")
-    (out / TREE_FILE).write_text(worktree_tree_id() + "\n")
+    if tree is not None:
+        (out / TREE_FILE).write_text(tree + "\n")
     if plan_file is not None and plan_file.resolve() != (out / plan_file.name).resolve():
         shutil.copyfile(plan_file, out / plan_file.name)
     budget = next(value for value in (budget_s, plan.budget_s, DEFAULT_BUDGET_S) if value is not None)
@@ -364,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, PlanError) as error:
         print(f"python -m reports.bench.plan: error: {error}", file=sys.stderr)
         return 2
-    results = run_plan(plan, args.out, args.commit or current_commit(), args.budget_s, plan_file=args.plan)
+    commit = args.commit or current_commit()
+    results = run_plan(plan, args.out, commit, args.budget_s, plan_file=args.plan, tree=worktree_tree_id())
     print("\n".join(summary_lines(plan, results, args.out)))
     return 0 if all(result.returncode == 0 for result in results) else 1
 

@@ -27,10 +27,11 @@ def _toml_step(name: str, limit_s: float, command: list[str], extra: str = "") -
 
 
 def test_a_plan_runs_each_step_logs_it_stops_one_at_its_limit_and_skips_one_without_time(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Budget 33 s: `killed` (limit 3 s) starts with more than 30 s left and is stopped at 3 s, after which
     less than 30 s is left, so `late` is skipped."""
+    monkeypatch.setattr(plan_runner, "worktree_tree_id", lambda folder=None: "t")  # not this checkout's .git
     plan_file = tmp_path / "plan.toml"
     plan_file.write_text(
         'budget_s = 33\n[env]\nGREETING = "hello"\n\n'
@@ -163,9 +164,12 @@ def test_the_tree_id_names_the_files_that_ran_whatever_the_checkout_says(tmp_pat
     assert plan_runner.worktree_tree_id(outside) == "unknown"
 
 
-def test_a_run_records_the_tree_beside_the_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_command_records_the_tree_of_its_folder_beside_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(plan_runner, "worktree_tree_id", lambda folder=None: "tree-of-the-files")
-    plan = plan_runner.parse_plan({"steps": [{"name": "one", "limit_s": 30, "command": _python("pass")}]})
-    plan_runner.run_plan(plan, tmp_path / "out", commit="abc1234")
+    plan_file = tmp_path / "plan.toml"
+    plan_file.write_text(_toml_step("one", 30, _python("pass")))
+    assert plan_runner.main([str(plan_file), "--out", str(tmp_path / "out"), "--commit", "abc1234"]) == 0
     assert (tmp_path / "out" / "commit.txt").read_text() == "abc1234\n"
     assert (tmp_path / "out" / "tree.txt").read_text() == "tree-of-the-files\n"
