@@ -14,7 +14,14 @@ import torch
 
 from fast.weights import ShardLayout
 from reports.bench.harness import decode_read_bytes, phase_metrics
-from reports.bench.profile import KernelInterval, busy_time_us, host_call_summary, kernel_kind, summarise
+from reports.bench.profile import (
+    KernelInterval,
+    busy_time_us,
+    busy_us_by_name,
+    host_call_summary,
+    kernel_kind,
+    summarise,
+)
 from reports.bench.runners import PhaseRun, RequestRun, _step_timings_since, _step_timings_snapshot
 from reports.bench.shapes import SHAPES, build_hf_model, random_state_dict
 from reports.bench.workloads import WORKLOADS, build_workload
@@ -390,6 +397,31 @@ def test_gpu_busy_time_counts_overlapping_kernels_once() -> None:
     assert busy_time_us([]) == 0.0
 
 
+def test_busy_time_goes_to_the_kernel_the_others_wait_for() -> None:
+    """Under programmatic dependent launch a kernel starts while its predecessor runs and waits for it: the
+    overlap is the predecessor's busy time, not the waiter's, and busy times add up to the union."""
+    gemv, norm, copy = "_gemv_kernel", "_add_rmsnorm_kernel", "Memcpy DtoD (Device -> Device)"
+    kernels = [
+        KernelInterval(gemv, 0.0, 10.0),
+        KernelInterval(norm, 4.0, 13.0),  # launched early: waits until 10, then works 10..13
+        KernelInterval(gemv, 11.0, 20.0),  # launched early again: 13..20 is its own
+        KernelInterval(copy, 15.0, 16.0),  # inside the second gemv, on another stream
+        KernelInterval(copy, 30.0, 31.0),
+    ]
+    busy = busy_us_by_name(kernels)
+    assert busy == pytest.approx({gemv: 17.0, norm: 3.0, copy: 1.0})
+    assert sum(busy.values()) == busy_time_us(kernels) == pytest.approx(21.0)
+    run = PhaseRun(wall_s=1e-4, requests=[], step_wall_s=[5e-5], engine_step_timings={"num_steps": 1})
+    summary = summarise(kernels, run)
+    assert summary["kernel_time_s_by_kind"]["norm"] == pytest.approx(9e-6), "its whole interval"
+    assert summary["gpu_busy_s_by_kind"]["norm"] == pytest.approx(3e-6), "what it adds to the union"
+    assert summary["gpu_busy_s_by_kind"]["matmul (GEMV)"] == pytest.approx(17e-6)
+    assert sum(summary["gpu_busy_s_by_kind"].values()) == pytest.approx(summary["gpu_busy_s"])
+    assert {k["name"]: k["busy_s"] for k in summary["top_kernels"]} == pytest.approx(
+        {gemv: 17e-6, norm: 3e-6, copy: 1e-6}
+    )
+
+
 def test_kernel_kinds() -> None:
     assert kernel_kind("_decode_split_kernel") == "attention (decode)"
     assert kernel_kind("nvjet_tst_128x64_64x4_1x2_h_bz_coopA_NTN") == "matmul"
@@ -417,6 +449,7 @@ def test_profile_summary_from_intervals() -> None:
     assert summary["gpu_busy_fraction_of_wall"] == pytest.approx(0.4)
     assert summary["gpu_busy_s_per_step"] == pytest.approx(20e-6)
     assert summary["kernel_time_s_by_kind"] == pytest.approx({"attention (decode)": 30e-6, "matmul": 10e-6})
+    assert summary["gpu_busy_s_by_kind"] == pytest.approx({"attention (decode)": 30e-6, "matmul": 10e-6})
     assert [k["name"] for k in summary["top_kernels"]] == ["_decode_split_kernel", "gemm"]
     assert summary["top_kernels"][0]["share_of_kernel_time"] == pytest.approx(0.75)
     waits = [
