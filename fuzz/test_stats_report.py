@@ -30,11 +30,13 @@ def test_counts(index):
     stats.bump("machine", "examples")
     stats.bump(f"only-in-test-{index}", "steps", index + 1)
     stats.bump("planted/bug", "steps", 5)
+    stats.bump("machine", "failures", index)
+    stats.bump("planted/bug", "failures")  # a planted bug's checks are meant to raise
 """
 EXPECTED_MACHINES = {
-    "machine": {"examples": 4, "steps": 1111},
+    "machine": {"examples": 4, "failures": 6, "steps": 1111},
     **{f"only-in-test-{index}": {"steps": index + 1} for index in range(4)},
-    "planted/bug": {"steps": 20},
+    "planted/bug": {"failures": 4, "steps": 20},
 }
 
 
@@ -72,6 +74,7 @@ def test_statistics_are_summed_over_every_test(options: tuple[str, ...], tmp_pat
     assert record["totals"]["examples"] == 4
     assert record["test_outcomes"] == {"passed": 4}
     assert record["result"] == "passed"
+    assert record["failures_counted"] == 6, "the planted-bug runs' failures left out"
 
 
 def test_exit_statuses_name_the_result() -> None:
