@@ -80,11 +80,10 @@ def test_statistics_are_summed_over_every_test(options: tuple[str, ...], tmp_pat
 def test_exit_statuses_name_the_result() -> None:
     """A soak stopped by SIGINT at its time limit is "interrupted", not "failed": its verdict is the failures its
     machines counted (fuzz/strategies.py); every other non-zero status is a failure."""
-    assert [result(status) for status in pytest.ExitCode] == [
-        "passed" if status == pytest.ExitCode.OK else "interrupted" if status == 2 else "failed"
-        for status in pytest.ExitCode
-    ]
-    assert result(2) == "interrupted" and result(1) == "failed" and result(0) == "passed"
+    assert result(0) == "passed"
+    assert result(2) == "interrupted"
+    for status in (1, 3, 4, 5):  # tests failed, internal error, usage error, no tests collected
+        assert result(status) == "failed", status
 
 
 class _Machine(CountedMachine):
