@@ -82,9 +82,7 @@ def record(session: pytest.Session, exitstatus: int, machines: dict[str, dict[st
         "result": result(exitstatus),
         # every check that raised, as the machines counted it (fuzz/strategies.py): what an interrupted run
         # found before it was stopped (planted-bug runs left out: their checks are meant to raise)
-        "failures_counted": sum(
-            values.get("failures", 0) for label, values in machines.items() if not label.startswith(PLANTED)
-        ),
+        "failures_counted": failures_counted(machines),
         "test_outcomes": _outcomes(session),
         "wall_time_s": round(time.monotonic() - _session_started, 1),
         "totals": totals(machines),
@@ -92,8 +90,36 @@ def record(session: pytest.Session, exitstatus: int, machines: dict[str, dict[st
     }
 
 
+def failures_counted(machines: dict[str, dict[str, int]]) -> int:
+    """Every check that raised, as the machines counted it, planted-bug runs left out (their checks are meant to
+    raise)."""
+    return sum(values.get("failures", 0) for label, values in machines.items() if not label.startswith(PLANTED))
+
+
+def killed_record(
+    live: dict[str, Any], started_at: float, killed_at: float, command: str, commit: str
+) -> dict[str, Any]:
+    """The record of a run killed when the SIGINT at its time limit did not end it (so no session-end record was
+    written): its counters as last written live (fuzz/stats.py, at most LIVE_EVERY_S apart while it steps). Its
+    verdict is the failures counted in them, which cover exactly the steps counted beside them; what ran after
+    that write (at most until `killed_at`) is not covered. Times are the epoch seconds `date +%s.%N` gives."""
+    machines = live["machines"]
+    return {
+        "command": command,
+        "git_commit": commit,
+        "exit_status": 137,
+        "result": "killed",
+        "failures_counted": failures_counted(machines),
+        "counters_written_after_s": round(live["written_at"] - started_at, 1),
+        "killed_after_s": round(killed_at - started_at, 1),
+        "totals": totals(machines),
+        "machines": machines,
+    }
+
+
 def result(exitstatus: int) -> str:
-    """passed; interrupted (stopped by a signal at a time limit: its verdict is `failures_counted`); failed."""
+    """passed; interrupted (stopped by a signal at a time limit: its verdict is `failures_counted`); failed. (A run
+    killed after that signal writes no record of its own: `killed_record`.)"""
     if int(exitstatus) == pytest.ExitCode.OK:
         return "passed"
     if int(exitstatus) == pytest.ExitCode.INTERRUPTED:

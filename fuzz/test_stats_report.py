@@ -14,7 +14,7 @@ from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.stateful import rule
 
 from fuzz import stats
-from fuzz.stats_report import REPO_ROOT, STATS_PATH_VARIABLE, result
+from fuzz.stats_report import PLANTED, REPO_ROOT, STATS_PATH_VARIABLE, killed_record, result
 from fuzz.strategies import CountedMachine, checked_step
 
 # Four tests, each counting its own power of ten, so a lost or doubled worker shows in the sums.
@@ -84,6 +84,25 @@ def test_exit_statuses_name_the_result() -> None:
     assert result(2) == "interrupted"
     for status in (1, 3, 4, 5):  # tests failed, internal error, usage error, no tests collected
         assert result(status) == "failed", status
+
+
+def test_a_killed_run_is_recorded_from_its_last_live_counters() -> None:
+    """A run the SIGINT did not end is killed and writes no record: its record is its live counters, result
+    "killed", its verdict the failures counted in them (planted-bug runs left out), and when they were written."""
+    live = {
+        "written_at": 1549.04,
+        "machines": {
+            "engine[fast]": {"engine_steps": 101, "examples": 3, "failures": 0},
+            f"{PLANTED}bug": {"examples": 1, "failures": 5},
+        },
+    }
+    record = killed_record(live, started_at=1000.0, killed_at=1555.0, command="python -m pytest x", commit="abc")
+    assert record["result"] == "killed" and record["exit_status"] == 137
+    assert record["failures_counted"] == 0
+    assert (record["counters_written_after_s"], record["killed_after_s"]) == (549.0, 555.0)
+    assert record["totals"]["examples"] == 3 and record["machines"] == live["machines"]
+    live["machines"]["engine[fast]"]["failures"] = 2
+    assert killed_record(live, 1000.0, 1555.0, "c", "abc")["failures_counted"] == 2
 
 
 class _Machine(CountedMachine):

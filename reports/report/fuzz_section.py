@@ -110,16 +110,22 @@ def fuzz_run_from_record(
 
 
 def run_passed(run: dict[str, Any]) -> bool:
-    """Passed; or stopped by a signal at its time limit (a soak ends so) with no failure counted by its machines,
-    which count every check that raises as it happens. A run recorded before they counted is not passed."""
+    """Passed; or stopped by a signal at its time limit (a soak ends so), or killed when that signal did not end it,
+    with no failure counted by its machines, which count every check that raises as it happens (a killed run: in
+    the counters it last wrote, with the steps they cover). A run recorded before they counted is not passed."""
     if run.get("result") == "passed":
         return True
-    return run.get("result") == "interrupted" and run.get("failures_counted") == 0
+    return run.get("result") in ("interrupted", "killed") and run.get("failures_counted") == 0
 
 
 def _detail(run: dict[str, Any], summary: str) -> str:
     if run.get("result") == "interrupted":
         return f"interrupted at its time limit, {run.get('failures_counted', 'no count of')} failures counted"
+    if run.get("result") == "killed":
+        return (
+            f"killed after its time limit, {run.get('failures_counted', 'no count of')} failures counted in the "
+            f"counters it wrote {run.get('counters_written_after_s')} s in (killed at {run.get('killed_after_s')} s)"
+        )
     return f"{run.get('result', 'unknown')}: {summary or 'no test outcomes recorded'}"
 
 

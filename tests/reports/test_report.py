@@ -386,6 +386,8 @@ def test_fuzz_run_names_a_planted_bug_that_was_not_caught() -> None:
         ("interrupted", 0, Status.PASSED),
         ("interrupted", 2, Status.FAILED),
         ("interrupted", None, Status.FAILED),  # recorded before the machines counted failures
+        ("killed", 0, Status.PASSED),  # the SIGINT did not end it: its last live counters are its verdict
+        ("killed", 1, Status.FAILED),
         ("failed", 0, Status.FAILED),
         ("passed", 0, Status.PASSED),
     ],
@@ -400,6 +402,8 @@ def test_a_soak_stopped_at_its_time_limit_passes_only_with_no_failure_counted(
     assert run.status is status
     if result == "interrupted":
         assert run.detail.startswith("interrupted at its time limit"), run.detail
+    if result == "killed":
+        assert run.detail.startswith(f"killed after its time limit, {failures_counted} failures counted"), run.detail
 
 
 def test_kernel_section_summarises_a_real_pytest_run(tmp_path: Path) -> None:
