@@ -83,7 +83,8 @@ def test_published_report_folds_its_near_ties(chromium: str, tmp_path: Path) -> 
     """The published H200 report (its report.json rendered by this version): the near-ties the rule allows
     are folded, and so are long tables, the kernel section's failing tests and each mutation survivor's diff,
     so that the page before unfolding is a few screens long, and every section's link is in the first. (At
-    commit 9c58d79, with the mutation section and 12 speed records, it is about 8,000 px; before folding the
+    commit 9c58d79, with the mutation section and 12 speed records, it is about 8,000 px; at aca7317, with 24 speed
+    records (offline-256 beside transformers and decode-bs1 of the final code added), 9,017 px; before folding the
     near-ties, the speed section alone sat below 16,000 px of them.)"""
     document = json.loads(PUBLISHED.read_text())
     page = tmp_path / "report.html"
@@ -95,7 +96,7 @@ def test_published_report_folds_its_near_ties(chromium: str, tmp_path: Path) -> 
         page, chromium, title, FIRST_SCREEN, probes
     ).probe_values
     assert_every_section_in_the_first_screen(links, window_height)
-    assert height < 9000, f"the page is {height} px long before unfolding"
+    assert height < 10_000, f"the page is {height} px long before unfolding"
     assert unfolded > 3 * height, f"unfolding took it from {height} to only {unfolded} px: what is folded?"
 
 
