@@ -13,6 +13,8 @@ the whole stem.
 from __future__ import annotations
 
 import functools
+import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
@@ -78,6 +80,32 @@ def draw_tokens(draw: st.DrawFn, stems: Sequence[Sequence[int]], max_length: int
     return [*stem[:keep], *draw_fresh_tokens(draw, 0 if keep else 1, max_length - keep)]
 
 
+# A long run's time limit in seconds from the process's start ($TWINFER_FUZZ_TIME_LIMIT_S): once it has passed, the
+# next example to start ends the session as SIGINT would (`FuzzTimeLimit`). A signal can arrive inside a finalizer,
+# where Python prints the KeyboardInterrupt and drops it, and the run goes on until it is killed without a record
+# (reports/results/fuzz/engine_fuzz_100k_e/); an example's start is a point in this code, where nothing swallows it.
+TIME_LIMIT_VARIABLE = "TWINFER_FUZZ_TIME_LIMIT_S"
+_PROCESS_STARTED = time.monotonic()
+
+
+class FuzzTimeLimit(KeyboardInterrupt):
+    """The run's time limit has passed: pytest ends the session as interrupted (exit status 2), the statistics
+    record says "interrupted" and its verdict is the failures the machines counted (fuzz/stats_report.py)."""
+
+
+def stop_at_time_limit() -> None:
+    """Raise FuzzTimeLimit once $TWINFER_FUZZ_TIME_LIMIT_S seconds have passed since the process started."""
+    value = os.environ.get(TIME_LIMIT_VARIABLE)
+    if not value:
+        return
+    try:
+        limit_s = float(value)
+    except ValueError:
+        raise ValueError(f"{TIME_LIMIT_VARIABLE} must be a number of seconds, got {value!r}") from None
+    if time.monotonic() - _PROCESS_STARTED >= limit_s:
+        raise FuzzTimeLimit(f"{TIME_LIMIT_VARIABLE}={value}: the run's time limit has passed")
+
+
 class SteppedMachine(Protocol):
     steps_run: int
     healthy: bool
@@ -121,6 +149,7 @@ class CountedMachine(RuleBasedStateMachine):
     expected_failure: ClassVar[str | None] = None
 
     def __init__(self) -> None:
+        stop_at_time_limit()  # before anything is counted: the example does not run
         super().__init__()
         self.steps_run = 0
         self.healthy = True

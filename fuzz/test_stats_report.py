@@ -15,7 +15,7 @@ from hypothesis.stateful import rule
 
 from fuzz import stats
 from fuzz.stats_report import PLANTED, REPO_ROOT, STATS_PATH_VARIABLE, killed_record, result
-from fuzz.strategies import CountedMachine, checked_step
+from fuzz.strategies import TIME_LIMIT_VARIABLE, CountedMachine, FuzzTimeLimit, checked_step, stop_at_time_limit
 
 # Four tests, each counting its own power of ten, so a lost or doubled worker shows in the sums.
 COUNTING_TESTS = """
@@ -84,6 +84,63 @@ def test_exit_statuses_name_the_result() -> None:
     assert result(2) == "interrupted"
     for status in (1, 3, 4, 5):  # tests failed, internal error, usage error, no tests collected
         assert result(status) == "failed", status
+
+
+TIMED_MACHINE_TESTS = """
+from hypothesis import settings
+from hypothesis.stateful import rule
+
+from fuzz.strategies import CountedMachine, checked_step
+
+
+class Timed(CountedMachine):
+    stats_label = "timed"
+
+    @rule()
+    @checked_step
+    def step(self):
+        pass
+
+
+TestTimed = Timed.TestCase
+TestTimed.settings = settings(max_examples=10**6, stateful_step_count=5, deadline=None, database=None)
+"""
+
+
+def test_a_run_past_its_time_limit_ends_as_interrupted_with_its_record(tmp_path: Path) -> None:
+    """$TWINFER_FUZZ_TIME_LIMIT_S: once it has passed, the next example's start ends the session as SIGINT would
+    (exit status 2), so the session-end record is written: "interrupted", with the failures counted (none) and the
+    examples run before the limit (a million were asked for)."""
+    (tmp_path / "conftest.py").write_text("from fuzz.stats_report import pytest_sessionfinish  # noqa: F401\n")
+    (tmp_path / "test_timed.py").write_text(TIMED_MACHINE_TESTS)
+    destination = tmp_path / "stats.json"
+    environment = os.environ | {
+        "PYTHONPATH": str(REPO_ROOT),
+        STATS_PATH_VARIABLE: str(destination),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        TIME_LIMIT_VARIABLE: "3",
+    }
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, run.stdout + run.stderr
+    record = json.loads(destination.read_text())
+    assert record["result"] == "interrupted" and record["failures_counted"] == 0
+    assert 0 < record["machines"]["timed"]["examples"] < 10**6
+
+
+def test_a_bad_time_limit_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TIME_LIMIT_VARIABLE, "soon")
+    with pytest.raises(ValueError, match=f"{TIME_LIMIT_VARIABLE} must be a number of seconds, got 'soon'"):
+        stop_at_time_limit()
+    monkeypatch.setenv(TIME_LIMIT_VARIABLE, "0")
+    with pytest.raises(FuzzTimeLimit):
+        stop_at_time_limit()
 
 
 def test_a_killed_run_is_recorded_from_its_last_live_counters() -> None:
