@@ -42,16 +42,26 @@ EXPECTED_MACHINES = {
 
 def run_counting_session(directory: Path, *options: str) -> dict:
     """A pytest session over COUNTING_TESTS with the fuzz statistics hooks; the record it wrote."""
+    result, record = run_fuzz_session(directory, COUNTING_TESTS, {}, *options)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return record
+
+
+def run_fuzz_session(
+    directory: Path, tests: str, extra_env: dict[str, str], *options: str
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """A pytest session over `tests` with the fuzz statistics hooks: how it ended, and the record it wrote."""
     (directory / "conftest.py").write_text(
         "from fuzz.stats_report import pytest_sessionfinish, pytest_sessionstart, pytest_testnodedown  # noqa: F401\n"
     )
-    (directory / "test_counting.py").write_text(COUNTING_TESTS)
+    (directory / "test_session.py").write_text(tests)
     destination = directory / "stats.json"
     # Only the plugins named: a worker then starts in about a second.
     environment = os.environ | {
         "PYTHONPATH": str(REPO_ROOT),
         STATS_PATH_VARIABLE: str(destination),
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        **extra_env,
     }
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(directory), *options],
@@ -61,8 +71,7 @@ def run_counting_session(directory: Path, *options: str) -> dict:
         text=True,
         timeout=300,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(destination.read_text())
+    return result, json.loads(destination.read_text())
 
 
 @pytest.mark.parametrize("options", [("-p", "xdist", "-n", "2"), ()], ids=["xdist-2-workers", "serial"])
@@ -111,25 +120,8 @@ def test_a_run_past_its_time_limit_ends_as_interrupted_with_its_record(tmp_path:
     """$TWINFER_FUZZ_TIME_LIMIT_S: once it has passed, the next example's start ends the session as SIGINT would
     (exit status 2), so the session-end record is written: "interrupted", with the failures counted (none) and the
     examples run before the limit (a million were asked for)."""
-    (tmp_path / "conftest.py").write_text("from fuzz.stats_report import pytest_sessionfinish  # noqa: F401\n")
-    (tmp_path / "test_timed.py").write_text(TIMED_MACHINE_TESTS)
-    destination = tmp_path / "stats.json"
-    environment = os.environ | {
-        "PYTHONPATH": str(REPO_ROOT),
-        STATS_PATH_VARIABLE: str(destination),
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        TIME_LIMIT_VARIABLE: "3",
-    }
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run, record = run_fuzz_session(tmp_path, TIMED_MACHINE_TESTS, {TIME_LIMIT_VARIABLE: "3"})
     assert run.returncode == pytest.ExitCode.INTERRUPTED, run.stdout + run.stderr
-    record = json.loads(destination.read_text())
     assert record["result"] == "interrupted" and record["failures_counted"] == 0
     assert 0 < record["machines"]["timed"]["examples"] < 10**6
 
