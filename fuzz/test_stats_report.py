@@ -95,7 +95,10 @@ def test_exit_statuses_name_the_result() -> None:
         assert result(status) == "failed", status
 
 
+# A rule that draws from a space hypothesis cannot exhaust (a rule of no arguments is exhausted in a few examples,
+# and the session would pass before its time limit).
 TIMED_MACHINE_TESTS = """
+import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import rule
 
@@ -105,9 +108,9 @@ from fuzz.strategies import CountedMachine, checked_step
 class Timed(CountedMachine):
     stats_label = "timed"
 
-    @rule()
+    @rule(value=st.binary(min_size=8, max_size=64))
     @checked_step
-    def step(self):
+    def step(self, value):
         pass
 
 
