@@ -1,9 +1,9 @@
 #!/bin/sh
-# qwen3-0.6b decode-bs1 (benchmarks.md), bf16, random weights, the fast engine, no engine flags: the commit under test
-# (the decode fusions: one attention launch a layer, and o_proj and down with the add + RMSNorm after them, 84
-# launches a step fewer at Qwen3-0.6B) against the commit before them in .clean/base (the reduction kernel and
-# add_rmsnorm), one process per run, alternating; transformers beside the first run, --profile in the second pair.
-# The baseline tree (BASE: main before the fusions, e.g. bf86374):
+# qwen3-0.6b decode-bs1 (benchmarks.md), bf16, random weights, the fast engine: the commit under test (the three
+# last-program fusions: decode attention's reduction, o_proj and down with their add + RMSNorm, the invariant
+# matmul's chunk sum) against the commit before them in .clean/base, one process per run, alternating: no flags
+# (transformers beside the first), then batch-invariant mode, then no flags with --profile.
+# The baseline tree (BASE: main before the fusions):
 #   mkdir -p .clean/base && git archive BASE fast spec twinfer reports/__init__.py reports/bench \
 #     | tar -x -C .clean/base --exclude=twinfer/models/stdlib-tiny && git rev-parse BASE > .clean/base/COMMIT
 #   sh reports/results/bench/decode_fusions/run.sh COMMIT OUT
@@ -15,6 +15,8 @@ run() {  # label, tree, commit, extra flags, time limit
     echo "$1 rc=$?"; grep -E '^(fast|hf) ' "$out/$1.log"
 }
 run new-1 . "$commit" "--baseline hf" 70
-run old-1 .clean/base "$base" "" 35
-run new-2 . "$commit" --profile 35
-run old-2 .clean/base "$base" --profile 35
+run old-1 .clean/base "$base" "" 30
+run new-invariant . "$commit" --batch-invariant 30
+run old-invariant .clean/base "$base" --batch-invariant 30
+run new-2 . "$commit" --profile 30
+run old-2 .clean/base "$base" --profile 30
