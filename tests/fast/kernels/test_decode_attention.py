@@ -377,7 +377,7 @@ def test_the_last_program_reduces_in_cuda_graph_replays() -> None:
     with torch.cuda.graph(graph):
         decode_attention(*args, out=out, split_size=128, counters=counters)
     for step in range(20):
-        lengths = [300 - step, 1500 - 37 * step, 129 + step]
+        lengths = [300 - step, 1500 - 37 * step, 129 - step]  # within the tokens the cache holds
         seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
         q.copy_(torch.randn(q.shape, generator=generator).to(torch.bfloat16))
         graph.replay()
