@@ -6,12 +6,14 @@ from __future__ import annotations
 import copy
 import json
 import textwrap
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 import torch
 
+from reports.bench import harness
 from reports.report import command
 from reports.report.assemble import assemble_report
 from reports.report.bench_records import BenchRecord
@@ -38,6 +40,7 @@ from reports.report.speed_section import SpeedOptions, speed_from_records, speed
 from reports.report.traces import FreeRunning, TeacherForced
 from reports.report.verdicts import CellKey, error_distribution, free_running_cell, teacher_forced_cell
 from spec.agreement import Trace
+from spec.engine_config import EngineConfig
 
 REPORT_SECTIONS = (
     "summary",
@@ -716,7 +719,27 @@ def _report_of(correctness: CorrectnessSection):
     )  # fmt: skip
 
 
-def test_command_writes_both_files(tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+# An explicit KV pool for the speed section's fast engine where the suite runs on a GPU: with no flags it sizes its
+# pool from gpu_memory_utilization of the whole GPU (what a user gets, and what the published report measures alone
+# on the machine), which in a suite of 8 workers on one GPU took 70 GiB and left seven other workers' tests out of
+# memory (reports/results/fast_gpu/suite_and_report/run_4b66ce7_oom/). 4096 blocks hold the quick workload.
+SUITE_SPEED_POOL_BLOCKS = 4096
+
+
+def _pool_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = harness.bench_engine_config
+
+    def explicit_pool(name: str, settings: harness.BenchSettings, phase: object) -> EngineConfig:
+        config = original(name, settings, phase)
+        return config if config.num_blocks is not None else replace(config, num_blocks=SUITE_SPEED_POOL_BLOCKS)
+
+    monkeypatch.setattr(harness, "bench_engine_config", explicit_pool)
+
+
+def test_command_writes_both_files(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _pool_of_its_own(monkeypatch)
     out = tmp_path / "report"
     code = command.main(["--model", str(tiny_checkpoint), "--quick", "--sections", "fuzz,speed", "--out", str(out)])
     assert code == 0
