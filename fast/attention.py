@@ -2,8 +2,9 @@
 sequence brings exactly one query and the step has few sequences, the prefill kernel with packed GQA
 rows for decode steps of many sequences.
 
-`PagedAttention` is built once per engine and owns the decode workspace, so no call allocates
-it. Each step gets a `StepAttention` that holds views of the step's metadata (persistent device
+`PagedAttention` is built once per engine and owns the decode workspace and the decode kernel's
+arrival counters (its last split program per sequence and KV head reduces), so no call allocates
+them. Each step gets a `StepAttention` that holds views of the step's metadata (persistent device
 buffers of `fast.input_batch.InputBatch`); the model calls `attend` once per layer.
 
 The decode kernel's split size comes from the step's batch size (SMALL_BATCH_SPLIT_SIZE up to
@@ -44,7 +45,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from fast.kernels.decode_attention import decode_attention, decode_workspace, fits_decode_tile, one_program_per_split
+from fast.kernels.decode_attention import (
+    decode_attention,
+    decode_counters,
+    decode_workspace,
+    fits_decode_tile,
+    one_program_per_split,
+)
 from fast.kernels.prefill_attention import prefill_attention
 
 # Keys per decode split: 512 keys x 128 dims is 128 KiB of bf16 K and V per program, enough work
@@ -157,6 +164,9 @@ class PagedAttention:
             largest += [(n, verify_query_len) for n in (min(verify_seqs, SMALL_BATCH_MAX_SEQS), verify_seqs)]
         rows = max(n * query_len * triton.cdiv(max_model_len, decode_split_size(n)) for n, query_len in largest)
         self.workspace = decode_workspace(rows, num_heads, 1, head_dim, device)  # rows of (query, split)
+        # The decode kernel's last split program per (sequence, KV head) reduces (no reduction kernel a layer):
+        # their arrival counts, for a decode step's largest batch.
+        self.counters = decode_counters(decode_seqs, num_kv_heads, device)
 
     def for_step(self, metadata: StepMetadata) -> StepAttention:
         return StepAttention(self, metadata)
@@ -217,6 +227,7 @@ class StepAttention:
                 workspace=backend.workspace,
                 pdl=backend.pdl,
                 query_len=meta.query_len,
+                counters=backend.counters,
             )
         # Packed GQA rows: a decode or verify step of many sequences, and every step in batch-invariant mode.
         packed = invariant or meta.query_len > 0

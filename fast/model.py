@@ -14,6 +14,11 @@ One forward pass over a flattened batch of T tokens (prefill chunks and decode t
                 hidden = silu_and_mul(x @ W_gate_up^T) @ W_down^T
     logits [R, vocab] fp32 = final_norm(hidden + residual)[logit rows] @ W_lm_head^T
 
+With small_batch_gemv and one rank, a step of at most SMALL_BATCH_ROWS rows runs o_proj and the next add_rmsnorm,
+and down and the next layer's input add_rmsnorm, as one launch each (fast.kernels.gemv.linear_add_rmsnorm: the
+GEMV's last program adds and normalises): so the down projection of layer i is made where layer i + 1's input norm
+is (`_project_add_norm`), the last layer's before the final norm as before.
+
 The architectures differ only by `ModelConfig.traits` (q/k norm; which projections carry biases).
 
 Which kernel multiplies (decided once, at construction; then per call from shapes only):
@@ -46,8 +51,8 @@ from torch.nn import functional
 
 from fast.attention import StepAttention
 from fast.kernels.add_rmsnorm import add_rmsnorm, rmsnorm
-from fast.kernels.gemv import MAX_GEMV_ROWS, small_batch_linear
-from fast.kernels.matmul import invariant_linear
+from fast.kernels.gemv import MAX_GEMV_ROWS, gemv_counter, linear_add_rmsnorm, small_batch_linear
+from fast.kernels.matmul import invariant_linear, matmul_counters
 from fast.kernels.qk_norm_rope import qk_norm_rope_store_kv_
 from fast.kernels.silu_and_mul import silu_and_mul
 from fast.kv_cache import KVCache
@@ -122,7 +127,9 @@ class FastCausalLM:
         # Batch-invariant mode: every projection and the LM head through our fixed-order matmul
         # (a vendor GEMM picks its reduction order from the number of rows).
         if batch_invariant:
-            self.linear = invariant_linear
+            # A decode-sized projection takes the split path; its tiles sum their chunks in their last program
+            # (one launch, not two) with these counters, which its calls share (one after another on the stream).
+            self.linear = functools.partial(invariant_linear, counters=matmul_counters(device), pdl=pdl)
         elif small_batch_gemv:
             self.linear = functools.partial(small_batch_dispatch_linear, pdl=pdl)
         else:
@@ -130,7 +137,7 @@ class FastCausalLM:
         # The LM head never takes the GEMV: its vocabulary shapes (N=151936 by K=1024 at Qwen3-0.6B,
         # K=4096 at 8B; 0.3-1.2 GB in bf16) were not in gemv_bench.json, so it keeps cuBLAS until
         # a measurement says the GEMV is faster there.
-        self.head_linear = invariant_linear if batch_invariant else functional.linear
+        self.head_linear = functools.partial(invariant_linear, pdl=pdl) if batch_invariant else functional.linear
         self.weights = weights
         self.eps = float(config.rms_norm_eps)
         self.num_heads = layout.num_heads  # this rank's
@@ -138,6 +145,8 @@ class FastCausalLM:
         self.head_dim = config.head_dim
         self.layout = layout
         self.collectives = collectives
+        # linear_add_rmsnorm's arrival counter: its calls follow one another on the step's stream, so they share it.
+        self.gemv_counter = gemv_counter(device) if small_batch_gemv else None
         # fp32 [max_positions, head_dim]: cos | sin halves, RoPE scaling and attention factor applied.
         self.cos_sin = cos_sin_cache(config, max_positions).to(device)
 
@@ -155,16 +164,20 @@ class FastCausalLM:
         token_ids, positions, slots: int64 [T]; slots < 0 are padding rows (nothing stored).
         """
         residual = self._embed(token_ids)  # the residual stream starts as the embedding
-        # Each layer's MLP output joins the residual stream in the next layer's input norm, the last
-        # one's below. ModelConfig guarantees at least one layer.
-        mlp_out: torch.Tensor | RankTerm | None = None
+        # Each layer's MLP activation is projected by its down weight where the product joins the residual
+        # stream: in the next layer's input norm, the last one's below. ModelConfig guarantees at least one layer.
+        activated: torch.Tensor | None = None
+        previous: LayerWeights | None = None
         for index, layer in enumerate(self.weights.layers):
-            if mlp_out is None:
+            if activated is None:
                 normed = rmsnorm(residual, layer.input_norm, self.eps, pdl=self.pdl)
             else:
-                normed, residual = self._add_norm(mlp_out, residual, layer.input_norm, MLP_REGION)
-            mlp_out, residual = self._layer(index, layer, normed, residual, positions, slots, attention, cache)
-        hidden = self._summed(mlp_out)
+                normed, residual = self._project_add_norm(
+                    activated, previous.down, previous.down_bias, residual, layer.input_norm, MLP_REGION
+                )
+            activated, residual = self._layer(index, layer, normed, residual, positions, slots, attention, cache)
+            previous = layer
+        hidden = self._summed(self._row_parallel(activated, previous.down, previous.down_bias))
         if logit_indices is not None:
             hidden, residual = hidden[logit_indices], residual[logit_indices]
         normed, _ = add_rmsnorm(hidden, residual, self.weights.final_norm, self.eps, pdl=self.pdl)
@@ -201,6 +214,26 @@ class FastCausalLM:
             )
         return add_rmsnorm(hidden, residual, weight, self.eps, pdl=self.pdl)
 
+    def _project_add_norm(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        region: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """_add_norm(x @ weight^T (+ bias), residual, norm_weight): in one launch where the GEMV takes the product
+        (one rank, a decode-sized step), else the row-parallel product and then the add + norm."""
+        if (
+            self.gemv_counter is not None
+            and self.collectives is None
+            and x.shape[0] <= SMALL_BATCH_ROWS
+            and weight.is_contiguous()
+        ):
+            return linear_add_rmsnorm(x, weight, bias, residual, norm_weight, self.eps, self.gemv_counter, pdl=self.pdl)
+        return self._add_norm(self._row_parallel(x, weight, bias), residual, norm_weight, region)
+
     def _summed(self, hidden: torch.Tensor | RankTerm) -> torch.Tensor:
         if not isinstance(hidden, RankTerm):
             return hidden
@@ -217,15 +250,15 @@ class FastCausalLM:
         slots: torch.Tensor,
         attention: StepAttention,
         cache: KVCache,
-    ) -> tuple[torch.Tensor | RankTerm, torch.Tensor]:
-        """normed: the layer's input, normalised. Returns the MLP's output (not yet added to the
-        residual stream) and the residual stream after the attention block."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """normed: the layer's input, normalised. Returns the MLP's activation (silu(gate) * up, not yet
+        projected by the layer's down weight) and the residual stream after the attention block."""
         attn_out = self._attention(index, layer, normed, positions, slots, attention, cache)
-        hidden = self._row_parallel(attn_out, layer.o_proj, layer.o_proj_bias)
-        normed, residual = self._add_norm(hidden, residual, layer.post_attention_norm, ATTENTION_REGION)
+        normed, residual = self._project_add_norm(
+            attn_out, layer.o_proj, layer.o_proj_bias, residual, layer.post_attention_norm, ATTENTION_REGION
+        )
         gate_up = self.linear(normed, layer.gate_up, layer.gate_up_bias)
-        activated = silu_and_mul(gate_up, pdl=self.pdl)
-        return self._row_parallel(activated, layer.down, layer.down_bias), residual
+        return silu_and_mul(gate_up, pdl=self.pdl), residual
 
     def _attention(
         self,

@@ -25,6 +25,11 @@ Flash-decoding in two launches:
      each split's normalised partial output and its log-sum-exp into fp32 workspaces.
   2. `_decode_reduce_kernel`, grid (num_seqs * query_len, num_q_heads): rescales a query's splits'
      partial outputs by exp(lse_split - lse_max), sums them and divides by the weights' sum.
+     With counters (`decode_counters`), one query per sequence and at most LAST_PROGRAM_REDUCES_MAX_SPLITS
+     splits, the last split program of each (sequence, KV head) to finish runs this reduction for its group's
+     heads instead (REDUCE_LAST: the same code, `_reduce_head`; the same bits in the interpreter, and on a GPU
+     unless the compiler lays the tile out otherwise inside the split kernel), and this launch is skipped:
+     a decode step at batch 1 launched 2 attention kernels a layer, each a few microseconds of mostly fixed cost.
      Where max_seq_len fits one split the split kernel writes the output itself (WRITE_OUT) and this
      launch is skipped: with one split the reduction multiplies by exp2(0) = 1 and divides by 1, so the
      bits are the same (tests/fast/kernels/test_decode_attention.py). Triton's interpreter runs every program
@@ -84,6 +89,10 @@ ONE_PROGRAM_PER_SPLIT_MAX_PER_SM = 124
 # Splits the reduction reads per iteration: a [16, head_dim] fp32 tile stays in registers however
 # many splits max_seq_len allows (a 40,960-token context at 128-key splits has 320).
 _REDUCE_BLOCK_SPLITS = 16
+# The most splits for which the last split program reduces (REDUCE_LAST): one block of the reduction. It reduces
+# its group's heads one after the other, which costs more than the reduction kernel's launch once there are many
+# blocks to read (long contexts, whose splits take longer anyway).
+LAST_PROGRAM_REDUCES_MAX_SPLITS = _REDUCE_BLOCK_SPLITS
 # The most query rows (queries per sequence x the GQA group) one program's tile packs: a verify step's 5
 # queries of Qwen3-8B's 4-head group are 20 rows in a 32-row tile. Wider steps take the prefill kernel.
 MAX_DECODE_TILE_ROWS = 32
@@ -110,6 +119,7 @@ def _decode_split_kernel(
     partial_out_ptr,
     partial_lse_ptr,
     out_ptr,
+    counters_ptr,
     q_seq_stride,
     q_head_stride,
     out_seq_stride,
@@ -128,6 +138,8 @@ def _decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     LOOP_SPLITS: tl.constexpr,  # grid_splits < num_splits: a program may take several splits
     WRITE_OUT: tl.constexpr,  # num_splits == 1: the output is written here, and no reduction runs
+    REDUCE_LAST: tl.constexpr,  # the last program of each (sequence, KV head) reduces: no reduction kernel
+    BLOCK_SPLITS: tl.constexpr,  # the reduction's splits per iteration (REDUCE_LAST)
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
@@ -160,6 +172,22 @@ def _decode_split_kernel(
                 group_size, split_size, num_splits, scale_log2, seq, kv_head, split, seq_len, HEAD_DIM, BLOCK_SIZE,
                 BLOCK_GROUP, QUERY_LEN, BLOCK_N, DOT_PRECISION, False,
             )  # fmt: skip
+    if REDUCE_LAST:
+        # The programs of this (sequence, KV head) that have splits count themselves in as they finish; the
+        # last reduces their splits (a semaphore as CUTLASS's: a barrier, then one thread's release; its
+        # acquire, then a barrier). It puts the count back to 0 for the next launch (graph replays reuse it).
+        tl.debug_barrier()  # every thread's partial stores precede the count's release
+        counter = counters_ptr + seq * num_kv_heads + kv_head
+        finished_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if finished_before == tl.minimum(tl.num_programs(2), num_used) - 1:
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+            tl.debug_barrier()  # the acquire precedes every thread's reads of the other programs' partials
+            num_q_heads = num_kv_heads * group_size
+            for q_head in range(kv_head * group_size, (kv_head + 1) * group_size):
+                _reduce_head(
+                    partial_out_ptr, partial_lse_ptr, out_ptr, out_seq_stride, out_head_stride, seq, q_head,
+                    num_q_heads, num_splits, num_used, HEAD_DIM, BLOCK_SPLITS, ".cg",
+                )  # fmt: skip
 
 
 @triton.jit
@@ -296,14 +324,39 @@ def _decode_reduce_kernel(
     # Only the sequence's own splits were written: seq_len=1300, split_size=512 -> splits 0..2.
     # The count never depends on max_seq_len, so a long maximum context costs nothing here.
     num_used = tl.cdiv(tl.load(seq_lens_ptr + q_row // QUERY_LEN), split_size)
+    _reduce_head(
+        partial_out_ptr, partial_lse_ptr, out_ptr, out_seq_stride, out_head_stride, q_row, q_head, num_q_heads,
+        num_splits, num_used, HEAD_DIM, BLOCK_SPLITS, "",
+    )  # fmt: skip
+
+
+@triton.jit
+def _reduce_head(
+    partial_out_ptr,
+    partial_lse_ptr,
+    out_ptr,
+    out_seq_stride,
+    out_head_stride,
+    q_row,
+    q_head,
+    num_q_heads,
+    num_splits,
+    num_used,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr,
+    LOAD_CACHE: tl.constexpr,  # ".cg" where other programs of the same kernel wrote the partials: read from L2
+):
+    """One query row and head: its num_used splits' partial outputs, weighted by exp2(lse_split - lse_max) and
+    normalised, into out. The reduction kernel's program, and the split kernel's last program per head."""
     base = (q_row.to(tl.int64) * num_q_heads + q_head) * num_splits
     dims = tl.arange(0, HEAD_DIM)
-
     # Pass 1: the largest split lse (split 0 holds key 0, which every query sees, so it is finite).
     total_max = float("-inf")
     for start in range(0, num_used, BLOCK_SPLITS):
         splits = start + tl.arange(0, BLOCK_SPLITS)
-        lse = tl.load(partial_lse_ptr + base + splits, mask=splits < num_used, other=float("-inf"))
+        lse = tl.load(
+            partial_lse_ptr + base + splits, mask=splits < num_used, other=float("-inf"), cache_modifier=LOAD_CACHE
+        )
         total_max = tl.maximum(total_max, tl.max(lse, axis=0))
     # Pass 2: the splits' outputs weighted by exp2(lse_split - lse_max), normalised at the end.
     combined = tl.zeros([HEAD_DIM], dtype=tl.float32)
@@ -311,10 +364,13 @@ def _decode_reduce_kernel(
     for start in range(0, num_used, BLOCK_SPLITS):
         splits = start + tl.arange(0, BLOCK_SPLITS)
         used = splits < num_used
-        lse = tl.load(partial_lse_ptr + base + splits, mask=used, other=float("-inf"))
+        lse = tl.load(partial_lse_ptr + base + splits, mask=used, other=float("-inf"), cache_modifier=LOAD_CACHE)
         weights = tl.exp2(lse - total_max)  # splits past the used ones: exp2(-inf) = 0
         partial = tl.load(
-            partial_out_ptr + (base + splits)[:, None] * HEAD_DIM + dims[None, :], mask=used[:, None], other=0.0
+            partial_out_ptr + (base + splits)[:, None] * HEAD_DIM + dims[None, :],
+            mask=used[:, None],
+            other=0.0,
+            cache_modifier=LOAD_CACHE,
         )
         combined += tl.sum(partial * weights[:, None], axis=0)
         weight_sum += tl.sum(weights, axis=0)
@@ -385,6 +441,7 @@ def decode_attention(
     pdl: bool = False,
     grid_splits: int | None = None,
     query_len: int = 1,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of query_len queries per sequence (its last positions) over its paged cache; returns
     [num_seqs * query_len, num_q_heads, head_dim].
@@ -400,6 +457,9 @@ def decode_attention(
         count. The result is the same bits for every value (tests pin it).
     query_len: queries per sequence; (query_len x the GQA group) rows share a program's tile, at most
         MAX_DECODE_TILE_ROWS (`fits_decode_tile`).
+    counters: int32 [>= num_seqs * num_kv_heads], all 0 (`decode_counters`), owned by the caller and left all 0:
+        where `reduces_in_last_program`, the last split program of each (sequence, KV head) reduces and no
+        reduction kernel runs (the reduction kernel's code). None: the reduction kernel.
     Every seq_lens entry must be >= query_len and <= max_seq_len (not checked: it would need a sync).
     """
     q = check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
@@ -438,6 +498,16 @@ def decode_attention(
     if grid_splits > num_splits:
         raise ValueError(f"grid_splits {grid_splits} exceeds the {num_splits} splits of max_seq_len {max_seq_len}")
 
+    reduce_last = counters is not None and reduces_in_last_program(num_splits, query_len)
+    if counters is not None:
+        counters = check_tensor("counters", counters, ndim=1, dtypes=(torch.int32,))
+    if reduce_last:
+        if counters.device != q.device or not counters.is_contiguous() or counters.numel() < num_seqs * num_kv_heads:
+            raise ValueError(
+                f"counters must be a contiguous int32 tensor of at least {num_seqs * num_kv_heads} elements "
+                f"on {q.device}"
+            )
+
     out = output_like("out", q, out)
     if num_seqs == 0:
         return out
@@ -455,6 +525,7 @@ def decode_attention(
         partial_out,
         partial_lse,
         out,
+        counters if reduce_last else partial_lse,  # never read without REDUCE_LAST
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -474,12 +545,14 @@ def decode_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         LOOP_SPLITS=grid_splits < num_splits,
         WRITE_OUT=num_splits == 1,
+        REDUCE_LAST=reduce_last,
+        BLOCK_SPLITS=_REDUCE_BLOCK_SPLITS,
         USE_PDL=pdl,
         launch_pdl=pdl,
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    if num_splits == 1:
+    if num_splits == 1 or reduce_last:
         return out
     _decode_reduce_kernel[(num_rows, num_q_heads)](
         partial_out,
@@ -499,6 +572,19 @@ def decode_attention(
         num_warps=4,
     )
     return out
+
+
+def reduces_in_last_program(num_splits: int, query_len: int) -> bool:
+    """Whether, given counters, the split kernel's last program per (sequence, KV head) reduces (host ints only, so
+    a CUDA graph captures the one launch): one query per sequence (a verify step's rows would be reduced one after
+    the other) and 2..LAST_PROGRAM_REDUCES_MAX_SPLITS splits (one split writes its output anyway)."""
+    return query_len == 1 and 1 < num_splits <= LAST_PROGRAM_REDUCES_MAX_SPLITS
+
+
+def decode_counters(max_num_seqs: int, num_kv_heads: int, device: torch.device) -> torch.Tensor:
+    """The split kernel's arrival counters for up to max_num_seqs sequences (see `decode_attention`): all 0, and
+    every launch leaves them so."""
+    return torch.zeros(max(1, max_num_seqs * num_kv_heads), dtype=torch.int32, device=device)
 
 
 def decode_workspace(

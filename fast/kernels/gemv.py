@@ -42,6 +42,17 @@ added, it was slower than silu_and_mul + small_batch_linear at every M (M=1: 5.9
 0.6B, 32 vs 29 us at 8B; M>=2: 1.3-5x slower): at decode, prefer the two kernels unless a new
 measurement (reports/bench/kernels/gemv.py records both) says otherwise.
 
+linear_add_rmsnorm is a projection whose output joins the residual stream (o_proj, down) fused with the
+add + RMSNorm after it: each program stores its columns of out = x @ W^T as small_batch_linear does, then counts
+itself in on an arrival counter (a barrier and a release; an acquire and a barrier, CUTLASS's semaphore); the last
+program to arrive reads the whole out rows back from L2 and runs fast/kernels/add_rmsnorm.py's own code
+(add_then_normalise) on each, and puts the counter back to 0 for the next call. So it equals
+add_rmsnorm(small_batch_linear(x, W), residual, weight) (the same stored out, then the same add and norm; on a
+GPU the norm's sum of squares is reduced by this program's warps, which may order it differently from
+add_rmsnorm's launch at hidden sizes above 1024) with one launch fewer: at batch 1 a decode step of Qwen3-0.6B
+ran 56 add_rmsnorm launches of a few microseconds each, mostly fixed cost (reports/results/bench/
+offline_hf_session9/: 307 kernels a step).
+
 No host syncs and, when `out` is given, no allocation: the wrappers read shapes, strides and
 dtypes only, so a call can be captured in a CUDA graph.
 
@@ -68,6 +79,7 @@ from fast.kernels._checks import (
     check_shape,
     check_tensor,
 )
+from fast.kernels.add_rmsnorm import MAX_HIDDEN, add_then_normalise
 from fast.kernels.pdl import wait_then_release
 
 MAX_GEMV_ROWS = 16
@@ -79,13 +91,21 @@ def _gemv_kernel(
     w_ptr,
     bias_ptr,
     out_ptr,
+    residual_ptr,  # ADD_NORM only (any valid pointer otherwise), as are the four below
+    norm_weight_ptr,
+    normed_ptr,
+    residual_out_ptr,
+    counter_ptr,
     M,
     N,
     K,
     x_row_stride,
     out_row_stride,
+    eps,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,  # x is gate_up [M, 2K]: the operand is silu(x[:, :K]) * x[:, K:]
+    ADD_NORM: tl.constexpr,  # the last program adds out to the residual and normalises (linear_add_rmsnorm)
+    BLOCK_HIDDEN: tl.constexpr,  # ADD_NORM: next_power_of_2(N), a whole row in one tile
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
     USE_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -145,6 +165,43 @@ def _gemv_kernel(
     # acc[n, m] -> out[m, n] at m * out_row_stride + n.
     out_offsets = rows.to(tl.int64)[None, :] * out_row_stride + cols[:, None]
     tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=col_valid[:, None] & row_valid[None, :])
+    if ADD_NORM:
+        _add_norm_in_last_program(
+            out_ptr, residual_ptr, norm_weight_ptr, normed_ptr, residual_out_ptr, counter_ptr, M, N, out_row_stride,
+            eps, BLOCK_HIDDEN,
+        )  # fmt: skip
+
+
+@triton.jit
+def _add_norm_in_last_program(
+    out_ptr,
+    residual_ptr,
+    norm_weight_ptr,
+    normed_ptr,
+    residual_out_ptr,
+    counter_ptr,
+    M,
+    N,
+    row_stride,  # of out, residual, normed and residual_out alike: [M, N] contiguous rows (the wrapper checks)
+    eps,
+    BLOCK_HIDDEN: tl.constexpr,
+):
+    """Count this program in; the last of the grid's programs adds each whole out row to the residual and
+    normalises it (add_rmsnorm's code), then puts the counter back to 0."""
+    tl.debug_barrier()  # every thread's stores of out precede the count's release
+    finished_before = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if finished_before == tl.num_programs(0) - 1:
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+        tl.debug_barrier()  # the acquire precedes every thread's reads of the other programs' columns
+        cols = tl.arange(0, BLOCK_HIDDEN)
+        mask = cols < N
+        for row in range(M):
+            # ".cg": from L2, where the other programs' stores went (never a line this SM's L1 might hold).
+            values = tl.load(out_ptr + row * row_stride + cols, mask=mask, other=0.0, cache_modifier=".cg")
+            add_then_normalise(
+                values.to(tl.float32), row, cols, mask, residual_ptr, row_stride, residual_out_ptr, row_stride,
+                norm_weight_ptr, normed_ptr, row_stride, N, eps, True,
+            )  # fmt: skip
 
 
 class GemvConfig(NamedTuple):
@@ -257,6 +314,59 @@ def silu_mul_linear(
     return _launch(gate_up, depth, weight, bias, out, True, tiles, pdl)
 
 
+class AddNorm(NamedTuple):
+    """linear_add_rmsnorm's epilogue: the residual [M, N] the product joins, the RMSNorm weight [N] and eps, where
+    the normalised rows and the new residual go ([M, N] each), and the arrival counter (int32 [1], 0)."""
+
+    residual: torch.Tensor
+    norm_weight: torch.Tensor
+    eps: float
+    normed: torch.Tensor
+    residual_out: torch.Tensor
+    counter: torch.Tensor
+
+
+def gemv_counter(device: torch.device) -> torch.Tensor:
+    """linear_add_rmsnorm's arrival counter: int32 [1], 0, and every call leaves it so. Calls on one stream may
+    share it (each waits for the one before it: stream order, or programmatic dependent launch's wait)."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def linear_add_rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    counter: torch.Tensor,
+    *,
+    pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(h + residual) * norm_weight, h + residual) for h = x [M, K] @ weight [N, K]^T (+ bias), in one
+    launch for M <= MAX_GEMV_ROWS: add_rmsnorm(small_batch_linear(x, weight, bias), residual, norm_weight, eps).
+    counter: `gemv_counter` (int32 [1], 0; left 0)."""
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_tensor("weight", weight, ndim=2, dtypes=FLOAT_DTYPES)
+    rows, width = x.shape[0], weight.shape[0]
+    check_tensor("residual", residual, ndim=2, dtypes=(x.dtype,))
+    check_shape("residual", residual, (rows, width))
+    check_tensor("norm_weight", norm_weight, ndim=1, dtypes=FLOAT_DTYPES)
+    check_shape("norm_weight", norm_weight, (width,))
+    check_tensor("counter", counter, ndim=1, dtypes=(torch.int32,))
+    check_shape("counter", counter, (1,))
+    check_same_device("x", x, residual=residual, norm_weight=norm_weight, counter=counter)
+    if not residual.is_contiguous() or not norm_weight.is_contiguous():
+        raise ValueError("residual and norm_weight must be contiguous")
+    if width > MAX_HIDDEN:
+        raise ValueError(f"the product's {width} columns exceed add_rmsnorm's MAX_HIDDEN = {MAX_HIDDEN}")
+    if not isinstance(eps, float) or eps <= 0:
+        raise ValueError(f"eps must be a positive float, got {eps!r}")
+    add_norm = AddNorm(residual, norm_weight, eps, torch.empty_like(residual), torch.empty_like(residual), counter)
+    _launch(x, x.shape[1], weight, bias, None, False, (None,) * 5, pdl, add_norm)
+    return add_norm.normed, add_norm.residual_out
+
+
 def _launch(
     x: torch.Tensor,
     depth: int,
@@ -266,6 +376,7 @@ def _launch(
     silu_mul: bool,
     tiles: tuple[int | None, int | None, int | None, int | None, bool | None],
     pdl: bool,
+    add_norm: AddNorm | None = None,
 ) -> torch.Tensor:
     """tiles: (block_n, block_k, num_warps, num_stages, use_dot) overrides, None for the default."""
     block_n, block_k, num_warps, num_stages, use_dot = tiles
@@ -317,18 +428,38 @@ def _launch(
         use_dot=config.use_dot if use_dot is None else bool(use_dot),
     )
     grid = (triton.cdiv(width, config.block_n),)
+    if add_norm is not None:
+        residual, norm_weight, normed, residual_out, counter = (
+            add_norm.residual,
+            add_norm.norm_weight,
+            add_norm.normed,
+            add_norm.residual_out,
+            add_norm.counter,
+        )
+        if out.stride(0) != width:
+            raise ValueError("linear_add_rmsnorm's out rows must be contiguous, as its other [M, N] tensors are")
+    else:  # unused: any valid pointers
+        residual = norm_weight = normed = residual_out = counter = out
     _gemv_kernel[grid](
         x,
         weight,
         bias if bias is not None else weight,  # unused without a bias; any valid pointer
         out,
+        residual,
+        norm_weight,
+        normed,
+        residual_out,
+        counter,
         rows,
         width,
         depth,
         x.stride(0),
         out.stride(0),
+        add_norm.eps if add_norm is not None else 1.0,
         HAS_BIAS=bias is not None,
         SILU_MUL=silu_mul,
+        ADD_NORM=add_norm is not None,
+        BLOCK_HIDDEN=triton.next_power_of_2(width) if add_norm is not None else 1,
         EVEN_K=depth % config.block_k == 0,
         USE_DOT=config.use_dot,
         BLOCK_M=config.block_m,

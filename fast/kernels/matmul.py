@@ -48,6 +48,12 @@ Two launch paths compute exactly that, bit for bit the same:
   A batch-1 decode launches num_chunks times as many matmul programs (with the defaults, 4 to 6
   times: 64 to 192 for the Qwen3-0.6B layers rather than 16 to 48), enough to keep more of the
   weight in flight.
+  With `counters` (`matmul_counters`, int32, one per tile, all 0), the split path is one launch: the tile's
+  chunk programs count themselves in as they finish (a barrier and a release; an acquire and a barrier, as
+  fast/kernels/decode_attention.py's last split program), and the last of them runs the second kernel's sum
+  for the tile (`_sum_tile`: the same fp32 adds from zero in chunk order, elementwise, so the same bits on any
+  device) and puts its counter back to 0. A batch-1 decode step in batch-invariant mode then launches one
+  kernel per projection, not two (112 fewer a step at Qwen3-0.6B).
 Because the two paths give the same bits, the choice between them may depend on M: the split path
 when K has more than one chunk and the fused grid would have fewer programs than the GPU has SMs
 (invariant_linear's `split` forces either path, for tests and benchmarks).
@@ -100,6 +106,7 @@ from fast.kernels._checks import (
     check_shape,
     check_tensor,
 )
+from fast.kernels.pdl import wait_then_release
 
 CHUNK_STEPS = 4  # BLOCK_K steps per reduction chunk by default (CHUNK_K = CHUNK_STEPS * BLOCK_K)
 # The split path's threshold where there is no CUDA device (the interpreter): an H200's SM count,
@@ -190,8 +197,10 @@ def _matmul_kernel(
     STEPS_PER_CHUNK: tl.constexpr,  # CHUNK_K // BLOCK_K
     GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """The fused path: one program per (row tile, column tile), all chunks in one flat K loop."""
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     tile_m, tile_n = _tile_of_program(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -220,10 +229,17 @@ def _matmul_chunk_kernel(
     x_ptr,
     w_ptr,
     ws_ptr,  # fp32 [num_chunks, M, N], contiguous
+    bias_ptr,  # SUM_LAST only, as are the three below
+    out_ptr,
+    counters_ptr,  # int32 [>= tiles], 0
     M,  # not specialised, as in _matmul_kernel
     N,
     K,
     x_row_stride,
+    out_row_stride,
+    HAS_BIAS: tl.constexpr,
+    SUM_LAST: tl.constexpr,  # the tile's last chunk program sums the parts into out (no _sum_chunks_kernel)
+    NUM_CHUNKS: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -231,8 +247,10 @@ def _matmul_chunk_kernel(
     STEPS_PER_CHUNK: tl.constexpr,
     GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """The split path's first kernel: program (tile, chunk) stores its chunk's part to ws[chunk]."""
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     tile_m, tile_n = _tile_of_program(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     chunk = tl.program_id(1)
     rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -248,7 +266,33 @@ def _matmul_chunk_kernel(
     # ws[c, m, n] at (c * M + m) * N + n, in int64 (M * N of a large forced split may pass 2^31).
     ws_rows = chunk.to(tl.int64) * M + rows.to(tl.int64)
     ws_offsets = ws_rows[:, None] * N + cols[None, :]
-    tl.store(ws_ptr + ws_offsets, part, mask=(rows < M)[:, None] & (cols < N)[None, :])
+    valid = (rows < M)[:, None] & (cols < N)[None, :]
+    tl.store(ws_ptr + ws_offsets, part, mask=valid)
+    if SUM_LAST:
+        tl.debug_barrier()  # every thread's part stores precede the count's release
+        counter = counters_ptr + tl.program_id(0)
+        finished_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if finished_before == NUM_CHUNKS - 1:
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+            tl.debug_barrier()  # the acquire precedes every thread's reads of the other chunks' parts
+            _sum_tile(ws_ptr, bias_ptr, out_ptr, rows, cols, valid, M, N, out_row_stride, HAS_BIAS, NUM_CHUNKS)
+
+
+@triton.jit
+def _sum_tile(
+    ws_ptr, bias_ptr, out_ptr, rows, cols, valid, M, N, out_row_stride, HAS_BIAS: tl.constexpr, NUM_CHUNKS: tl.constexpr
+):
+    """out[rows, cols] = (0 + ws[0] + ws[1] + ...) (+ bias), cast: _sum_chunks_kernel's adds for one tile, read
+    from L2 (".cg": the other chunks' programs wrote them)."""
+    elements = M.to(tl.int64) * N
+    offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]  # m * N + n
+    total = tl.zeros(offsets.shape, dtype=tl.float32)
+    for chunk in tl.static_range(NUM_CHUNKS):
+        total += tl.load(ws_ptr + (elements * chunk + offsets), mask=valid, other=0.0, cache_modifier=".cg")
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    out_offsets = rows.to(tl.int64)[:, None] * out_row_stride + cols[None, :]
+    tl.store(out_ptr + out_offsets, total.to(out_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -262,6 +306,7 @@ def _sum_chunks_kernel(
     HAS_BIAS: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,  # cdiv(K, CHUNK_K): a property of the weight and the config
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """The split path's second kernel: out[m, n] = (0 + ws[0, m, n] + ws[1, m, n] + ...) (+ bias[n]).
 
@@ -269,6 +314,7 @@ def _sum_chunks_kernel(
     loop is unrolled so that all its loads are in flight at once (a decode's sum is latency-bound);
     the adds stay in chunk order.
     """
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     elements = M.to(tl.int64) * N
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)  # m * N + n
     valid = offsets < elements
@@ -447,6 +493,8 @@ def invariant_linear(
     group_m: int | None = None,
     chunk_k: int | None = None,
     split: bool | None = None,
+    counters: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """x [M, K] @ weight[N, K]^T (+ bias [N]) -> [M, N], each row reduced in an order independent of M.
 
@@ -454,7 +502,10 @@ def invariant_linear(
     and tests). A row's result is batch-invariant only across calls with the same configuration:
     give the same overrides for every M. `split` picks the launch path (True: split, False: fused,
     None: takes_split_path's choice); it never changes a value. The split path allocates its fp32
-    workspace [num_chunks, M, N] with torch.empty on each call.
+    workspace [num_chunks, M, N] with torch.empty on each call. counters (`matmul_counters`): the split path's
+    tiles sum their chunks in their last program (one launch, the same bits) where the counters hold a tile each;
+    else, and without them, the second kernel sums. pdl: the kernels launch with programmatic dependent launch
+    (fast/kernels/pdl.py: each waits for the one before it first), the same bits.
     """
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("weight", weight, ndim=2, dtypes=FLOAT_DTYPES)
@@ -491,10 +542,16 @@ def invariant_linear(
     check_same_device("x", x, out=out)
     if rows == 0 or width == 0:
         return out
+    if counters is not None:
+        check_tensor("counters", counters, ndim=1, dtypes=(torch.int32,))
+        check_same_device("x", x, counters=counters)
+        if not counters.is_contiguous():
+            raise ValueError("counters must be contiguous")
     if takes_split_path(rows, width, depth, config, x.device, split):
-        _launch_split(x, weight, bias, out, config)
+        sums_last = counters is not None and counters.numel() >= _tile_count(rows, width, config)
+        _launch_split(x, weight, bias, out, config, counters if sums_last else None, pdl)
     else:
-        _launch_fused(x, weight, bias, out, config)
+        _launch_fused(x, weight, bias, out, config, pdl)
     return out
 
 
@@ -518,7 +575,12 @@ def _tile_count(rows: int, width: int, config: MatmulConfig) -> int:
 
 
 def _launch_fused(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, config: MatmulConfig
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    config: MatmulConfig,
+    pdl: bool = False,
 ) -> None:
     (rows, depth), width = x.shape, weight.shape[0]
     _matmul_kernel[(_tile_count(rows, width, config),)](
@@ -532,13 +594,29 @@ def _launch_fused(
         x.stride(0),
         out.stride(0),
         HAS_BIAS=bias is not None,
+        USE_PDL=pdl,
+        launch_pdl=pdl,
         **_tile_parameters(config, depth, x.dtype),
     )
 
 
+def matmul_counters(device: torch.device) -> torch.Tensor:
+    """invariant_linear's split-path arrival counters: int32, one per tile of the largest split (the split path runs
+    only while the tiles are fewer than the SMs: takes_split_path), all 0, and every call leaves them so. Calls on
+    one stream may share them."""
+    return torch.zeros(_multiprocessor_count(device), dtype=torch.int32, device=device)
+
+
 def _launch_split(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, config: MatmulConfig
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    config: MatmulConfig,
+    counters: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> None:
+    """The chunk kernel; then the sum kernel, unless `counters` (a tile each) let each tile's last program sum."""
     (rows, depth), width = x.shape, weight.shape[0]
     chunks = num_chunks(depth, config)
     workspace = torch.empty((chunks, rows, width), dtype=torch.float32, device=x.device)
@@ -546,12 +624,23 @@ def _launch_split(
         x,
         weight,
         workspace,
+        bias if bias is not None else workspace,  # read only with a bias, and only where the last program sums
+        out,
+        counters if counters is not None else workspace,  # never read without SUM_LAST
         rows,
         width,
         depth,
         x.stride(0),
+        out.stride(0),
+        HAS_BIAS=bias is not None,
+        SUM_LAST=counters is not None,
+        NUM_CHUNKS=chunks,
+        USE_PDL=pdl,
+        launch_pdl=pdl,
         **_tile_parameters(config, depth, x.dtype),
     )
+    if counters is not None:
+        return
     _sum_chunks_kernel[(triton.cdiv(rows * width, SUM_BLOCK),)](
         workspace,
         bias if bias is not None else workspace,  # unused without a bias; any valid pointer
@@ -562,4 +651,6 @@ def _launch_split(
         HAS_BIAS=bias is not None,
         NUM_CHUNKS=chunks,
         BLOCK=SUM_BLOCK,
+        USE_PDL=pdl,
+        launch_pdl=pdl,
     )

@@ -5,8 +5,9 @@ by giving the runner CUDA's decision (fast.model_runner.small_batch_gemv_enabled
 device), and off for the baseline, then check, on the tiny fp32 Qwen3 (on the GPU where there is one,
 else through Triton's interpreter: tests.engines.FAST_DEVICE):
 - logits within 1e-4 of the dispatch off, for steps of 5, 3 and 1 rows, and the same greedy tokens;
-- which calls take the GEMV: the four projections of steps of <= SMALL_BATCH_ROWS rows, never the
-  LM head, nothing in a larger step (spies, so removing the wiring fails a test);
+- which calls take the GEMV: the four projections of steps of <= SMALL_BATCH_ROWS rows (o_proj and down with
+  the add + RMSNorm after them in the same launch, linear_add_rmsnorm, but for the last layer's down, which the
+  final norm follows), never the LM head, nothing in a larger step (spies, so removing the wiring fails a test);
 - batch-invariant mode never takes it.
 The model's GEMV calls run with wider output tiles than the defaults (BLOCK_N=64: a few programs per
 projection instead of N/2), as the interpreter's time grows with the number of programs; the default
@@ -84,6 +85,7 @@ def spy(wide_tiles: None, monkeypatch: pytest.MonkeyPatch) -> Calls:
         return wrapper
 
     monkeypatch.setattr(fast.model, "small_batch_linear", recording("gemv", fast.model.small_batch_linear))
+    monkeypatch.setattr(fast.model, "linear_add_rmsnorm", recording("gemv+norm", fast.model.linear_add_rmsnorm))
     monkeypatch.setattr(torch.nn.functional, "linear", recording("linear", torch.nn.functional.linear))
     monkeypatch.setattr(fast.model, "invariant_linear", recording("invariant", fast.model.invariant_linear))
     return calls
@@ -125,6 +127,13 @@ def _projection_shapes(runner: ModelRunner) -> list[tuple[int, ...]]:
     for layer in runner.model.weights.layers:
         shapes += [tuple(w.shape) for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
     return shapes
+
+
+def _gemv_kernels(runner: ModelRunner) -> list[str]:
+    """The kernel of each projection of _projection_shapes in a decode-sized step: o_proj and down with their
+    add + RMSNorm (linear_add_rmsnorm), but the last down, which the final norm follows, alone."""
+    kernels = ["gemv", "gemv+norm", "gemv", "gemv+norm"] * len(runner.model.weights.layers)
+    return [*kernels[:-1], "gemv"]
 
 
 def test_runner_decision() -> None:
@@ -173,7 +182,8 @@ def test_decode_sized_steps_take_the_gemv(tiny_weights, gemv_forced: None, spy: 
     spy.clear()
     runner.run([SequenceInput(list(range(rows)), 0, [0, 1], [rows - 1])])
     # The projections through the GEMV at the step's rows, in order; the LM head (1 logit row) on torch.
-    assert spy[:-1] == [("gemv", rows, shape) for shape in _projection_shapes(runner)]
+    expected = zip(_gemv_kernels(runner), _projection_shapes(runner), strict=True)
+    assert spy[:-1] == [(kernel, rows, shape) for kernel, shape in expected]
     assert spy[-1] == ("linear", 1, tuple(runner.model.weights.lm_head.shape))
 
 
@@ -206,6 +216,7 @@ def test_batch_invariant_refuses_the_gemv(tiny_weights) -> None:
 def _no_gemv(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     with monkeypatch.context() as patch:
         patch.setattr(fast.model, "small_batch_linear", lambda *a, **k: pytest.fail("took the GEMV"))
+        patch.setattr(fast.model, "linear_add_rmsnorm", lambda *a, **k: pytest.fail("took the GEMV"))
         yield
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 
-from fast.kernels.decode_attention import decode_attention
+from fast.kernels.decode_attention import decode_attention, decode_counters, reduces_in_last_program
 from reports.bench.kernels.kernel_reference import reference_causal_attention
 from tests.fast.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache, poisoned_like
 from tests.fast.kernels.strategies import CPU_DTYPES, kernel_settings, seeded_generator, sequence_length
@@ -296,6 +296,101 @@ def test_one_split_writes_the_output_the_reduction_would(dtype: torch.dtype) -> 
         ]
     )
     assert_close_scaled(one_split, expected, dtype, "one split")
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_the_last_split_program_reduces_to_the_reduction_kernels_bits(dtype: torch.dtype) -> None:
+    """With counters, the last split program of each (sequence, KV head) runs the reduction for its group's heads
+    (no reduction kernel): the same bits as the reduction kernel, for every grid split count (programs with one
+    split and with several), sequences of 1 to 5 used splits, GQA groups of 1 and 4; the counters are left at 0
+    after every call, so the next call (a graph replay) starts from them as this one did."""
+    generator = seeded_generator(13)
+    for group in (1, 4):
+        cache = build_paged_cache([70, 1, 33, 17], 16, 2, 32, dtype, generator, spare_table_columns=3)
+        q = torch.randn((4, 2 * group, 32), generator=generator).to(dtype).to(DEVICE)
+        args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125, 100)
+        counters = decode_counters(4, 2, DEVICE)
+        separate = decode_attention(*args, split_size=16, block_n=16)  # 7 splits: the reduction kernel
+        for grid_splits in (1, 2, 3, 7):
+            fused = decode_attention(*args, split_size=16, block_n=16, grid_splits=grid_splits, counters=counters)
+            assert torch.equal(fused, separate), f"group={group} grid_splits={grid_splits}"
+            assert not counters.any(), f"counters left {counters.tolist()}"
+
+
+def test_the_last_program_reduces_only_decode_steps_of_few_splits() -> None:
+    """reduces_in_last_program: one query per sequence and 2..16 splits (a verify step's rows and long contexts keep
+    the reduction kernel; one split writes its output anyway)."""
+    assert [reduces_in_last_program(n, 1) for n in (1, 2, 16, 17)] == [False, True, True, False]
+    assert not reduces_in_last_program(8, 3)
+
+
+def test_the_reduction_kernel_does_not_run_where_the_last_program_reduces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With counters the split kernel's launch is the only one (the point: a launch a layer fewer); without them, or
+    for a verify step, the reduction kernel runs as before."""
+    import fast.kernels.decode_attention as module
+
+    launches = []
+
+    class Spy:
+        def __getitem__(self, grid: tuple) -> object:
+            launches.append(grid)
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(module, "_decode_reduce_kernel", Spy())
+    cache = build_paged_cache([40, 20], 16, 2, 32, torch.float32, seeded_generator(14), spare_table_columns=4)
+    q = torch.randn((2, 4, 32)).to(DEVICE)
+    args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125, 64)
+    decode_attention(*args, split_size=16, block_n=16, counters=decode_counters(2, 2, DEVICE))
+    assert launches == []
+    decode_attention(*args, split_size=16, block_n=16)
+    assert len(launches) == 1
+
+
+def test_decode_rejects_bad_counters() -> None:
+    cache = build_paged_cache([40, 20], 16, 2, 32, torch.float32, seeded_generator(15), spare_table_columns=4)
+    q = torch.randn((2, 4, 32)).to(DEVICE)
+    args = (q, cache.k_cache, cache.v_cache, cache.block_tables, cache.seq_lens, 0.125, 64)
+    with pytest.raises(ValueError, match="at least 4 elements"):
+        decode_attention(*args, split_size=16, block_n=16, counters=decode_counters(1, 2, DEVICE))
+    with pytest.raises(TypeError, match="counters"):
+        decode_attention(*args, split_size=16, block_n=16, counters=torch.zeros(4, dtype=torch.int64, device=DEVICE))
+
+
+@pytest.mark.gpu
+def test_the_last_program_reduces_in_cuda_graph_replays() -> None:
+    """Captured once with counters and replayed 20 times with new seq_lens and q (up to 12 used splits of 16): every
+    replay the same bits as an eager call with the counters (so they went back to 0 each time), and as close to a
+    float64 reference as the reduction kernel's path (the same code; on a GPU the compiler may lay its tile out
+    otherwise inside the split kernel, so equal bits are promised only in the interpreter), at bf16 and the
+    engine's batch-1 shape."""
+    generator = seeded_generator(16)
+    # max_seq_len 2048 (the engine's first bucket) must fit the table: 94 blocks of the longest + 34 spare = 128.
+    cache = build_paged_cache([300, 1500, 129], 16, 8, 128, torch.bfloat16, generator, spare_table_columns=34)
+    q = torch.randn((3, 16, 128), generator=generator).to(torch.bfloat16).to(DEVICE)
+    out = torch.empty_like(q)
+    seq_lens = cache.seq_lens.clone()
+    counters = decode_counters(3, 8, DEVICE)
+    args = (q, cache.k_cache, cache.v_cache, cache.block_tables, seq_lens, 0.088, 2048)
+    decode_attention(*args, out=out, split_size=128, counters=counters)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_attention(*args, out=out, split_size=128, counters=counters)
+    for step in range(20):
+        lengths = [300 - step, 1500 - 37 * step, 129 - step]  # within the tokens the cache holds
+        seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        q.copy_(torch.randn(q.shape, generator=generator).to(torch.bfloat16))
+        graph.replay()
+        assert torch.equal(out, decode_attention(*args, split_size=128, counters=counters)), f"replay {step}"
+        expected = torch.cat(
+            [
+                reference_causal_attention(q[i : i + 1], cache.keys[i][:n], cache.values[i][:n], 0.088)
+                for i, n in enumerate(lengths)
+            ]
+        )
+        assert_close_scaled(out, expected, torch.bfloat16, f"replay {step}")
+        assert_close_scaled(decode_attention(*args, split_size=128), expected, torch.bfloat16, f"kernel {step}")
+    assert not counters.any()
 
 
 def test_decode_grid_keeps_one_program_per_split_unless_the_grid_grows_large() -> None:

@@ -1,4 +1,5 @@
-"""Small-batch linear (GEMV) and its fused SiLU * up variant against torch references.
+"""Small-batch linear (GEMV), its fused SiLU * up variant and its fused add + RMSNorm against torch references
+and the unfused kernels.
 
 CPU (Triton's interpreter, fp32 and fp16): small shapes with N not a multiple of BLOCK_N and K
 not a multiple of BLOCK_K, strided rows, `out=`, bias, both tile paths (FMA and tl.dot). GPU (bf16):
@@ -10,9 +11,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fast.kernels.gemv import MAX_GEMV_ROWS, gemv_config, silu_mul_linear, small_batch_linear
+from fast.kernels.add_rmsnorm import add_rmsnorm
+from fast.kernels.gemv import (
+    MAX_GEMV_ROWS,
+    gemv_config,
+    gemv_counter,
+    linear_add_rmsnorm,
+    silu_mul_linear,
+    small_batch_linear,
+)
 from fast.kernels.silu_and_mul import silu_and_mul
-from tests.fast.kernels.reference import DEVICE, assert_close_scaled, poisoned_like
+from tests.fast.kernels.reference import DEVICE, ON_GPU, assert_close_scaled, poisoned_like
 from tests.fast.kernels.strategies import CPU_DTYPES, seeded_generator
 
 # Tiles smaller than the shapes below, so several programs and several K steps run, with tails.
@@ -97,6 +106,52 @@ def test_silu_mul_matches_silu_and_mul_then_linear(dtype: torch.dtype, rows: int
     # The activation is rounded as silu_and_mul rounds it: same config, same bits.
     unfused = small_batch_linear(activated, weight, bias, use_dot=use_dot, **SMALL_TILES)
     assert torch.equal(out, unfused)
+
+
+def _unfused_add_norm(x, weight, bias, residual, norm_weight, eps):
+    return add_rmsnorm(small_batch_linear(x, weight, bias), residual, norm_weight, eps)
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_linear_add_rmsnorm_is_the_linear_then_add_rmsnorm(dtype: torch.dtype, rows: int) -> None:
+    """The last program's add + RMSNorm over the whole product rows: the same bits as small_batch_linear then
+    add_rmsnorm in the interpreter (its reductions do not depend on warps), with and without a bias, several programs
+    (N = 37 columns, the default tiles of 2 or 8 columns); the counter is left at 0 after every call. On a GPU the
+    fused program's warps may sum the squares in another order than add_rmsnorm's launch (the H200 gave other last
+    bits at fp32, 16 rows): within the dtype's rounding there, as the real-shape GPU test promises."""
+    generator = seeded_generator(rows)
+    weight, bias = _random((N, K), dtype, generator), _random((N,), dtype, generator)
+    norm_weight = _random((N,), dtype, generator)
+    counter = gemv_counter(DEVICE)
+    for call in range(2):  # the second call starts from the counter the first left
+        x, residual = _random((rows, K), dtype, generator), _random((rows, N), dtype, generator)
+        for with_bias in (None, bias):
+            normed, summed = linear_add_rmsnorm(x, weight, with_bias, residual, norm_weight, 1e-6, counter)
+            expected_normed, expected_summed = _unfused_add_norm(x, weight, with_bias, residual, norm_weight, 1e-6)
+            for got, expected, what in ((summed, expected_summed, "residual"), (normed, expected_normed, "normed")):
+                if ON_GPU:
+                    assert_close_scaled(got, expected.double(), dtype, f"call {call}: the {what} rows")
+                else:
+                    assert torch.equal(got, expected), f"call {call}: the {what} rows"
+            assert counter.tolist() == [0]
+
+
+def test_linear_add_rmsnorm_refuses_bad_input() -> None:
+    generator = seeded_generator(5)
+    x, weight = _random((2, K), torch.float32, generator), _random((N, K), torch.float32, generator)
+    residual, norm_weight = _random((2, N), torch.float32, generator), _random((N,), torch.float32, generator)
+    counter = gemv_counter(DEVICE)
+    with pytest.raises(ValueError, match="residual must have shape"):
+        linear_add_rmsnorm(x, weight, None, residual[:, :-1], norm_weight, 1e-6, counter)
+    with pytest.raises(ValueError, match="norm_weight must have shape"):
+        linear_add_rmsnorm(x, weight, None, residual, norm_weight[:-1], 1e-6, counter)
+    with pytest.raises(TypeError, match="counter"):
+        linear_add_rmsnorm(x, weight, None, residual, norm_weight, 1e-6, counter.long())
+    with pytest.raises(ValueError, match="eps must be a positive float"):
+        linear_add_rmsnorm(x, weight, None, residual, norm_weight, 0.0, counter)
+    with pytest.raises(ValueError, match="contiguous"):
+        linear_add_rmsnorm(x, weight, None, residual.T.contiguous().T, norm_weight, 1e-6, counter)
 
 
 def test_empty_batch() -> None:
@@ -213,6 +268,39 @@ def test_other_dtypes_gpu(dtype: torch.dtype) -> None:
     for rows in (1, 7, 16):
         x = _strided_rows(rows, 1000, dtype, generator, pad=5)
         assert_close_scaled(small_batch_linear(x, weight), _reference(x, weight, None), dtype, f"{dtype} {rows}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1024, 2048), (1024, 3072), (4096, 4096), (4096, 12288)])
+def test_linear_add_rmsnorm_real_shapes_bf16_gpu(shape: tuple[int, int]) -> None:
+    """The o_proj and down shapes of Qwen3-0.6B and -8B, 1 to 16 rows: the residual and the normalised rows within
+    bf16's rounding of small_batch_linear then add_rmsnorm (the same code, but the compiler may order a reduction
+    otherwise in the fused kernel, and this program's warps may sum the squares in another order than
+    add_rmsnorm's launch: equal bits are promised in the interpreter only), and in 20 CUDA-graph replays with
+    new inputs the same bits as eager calls; the counter left at 0."""
+    n, k = shape
+    generator = torch.Generator(device="cuda").manual_seed(n + k)
+    weight, norm_weight = _gpu_random((n, k), generator, 0.02), _gpu_random((n,), generator)
+    counter = gemv_counter(torch.device("cuda"))
+    for rows in (1, 2, 5, 16):
+        x, residual = _gpu_random((rows, k), generator), _gpu_random((rows, n), generator)
+        normed, summed = linear_add_rmsnorm(x, weight, None, residual, norm_weight, 1e-6, counter)
+        expected_normed, expected_summed = _unfused_add_norm(x, weight, None, residual, norm_weight, 1e-6)
+        assert_close_scaled(summed, expected_summed.double(), torch.bfloat16, f"{shape} rows={rows}: residual")
+        assert_close_scaled(normed, expected_normed.double(), torch.bfloat16, f"{shape} rows={rows}: normed")
+    x, residual = _gpu_random((1, k), generator), _gpu_random((1, n), generator)
+    linear_add_rmsnorm(x, weight, None, residual, norm_weight, 1e-6, counter)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = linear_add_rmsnorm(x, weight, None, residual, norm_weight, 1e-6, counter)
+    for replay in range(20):
+        x.copy_(_gpu_random((1, k), generator))
+        residual.copy_(_gpu_random((1, n), generator))
+        graph.replay()
+        eager = linear_add_rmsnorm(x, weight, None, residual, norm_weight, 1e-6, counter)
+        assert all(torch.equal(a, b) for a, b in zip(outputs, eager, strict=True)), f"replay {replay}"
+    assert counter.tolist() == [0]
 
 
 @pytest.mark.gpu

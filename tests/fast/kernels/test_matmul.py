@@ -16,6 +16,7 @@ from fast.kernels.matmul import (
     DEFAULT_MULTIPROCESSORS,
     invariant_linear,
     matmul_config,
+    matmul_counters,
     matmul_tiles,
     num_chunks,
     takes_split_path,
@@ -157,6 +158,51 @@ def test_chunked_rows_are_bitwise_the_same_across_batches_and_paths(dtype: torch
             part = invariant_linear(x[start:stop], weight, b, split=split, **CHUNKED)
             assert torch.equal(part, full[start:stop]), (start, stop, split)
     assert_close_scaled(full, _reference(x, weight, b), dtype, "matmul")
+
+
+class _SumLaunches:
+    """Counts the second kernel's launches (_sum_chunks_kernel[grid](...)) and runs them."""
+
+    def __init__(self, kernel: object) -> None:
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid: tuple) -> object:
+        self.count += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_the_last_chunk_program_sums_to_the_same_bits(
+    dtype: torch.dtype, bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With counters, the split path's tiles sum their 3 chunks in their last program: the same bits as the sum
+    kernel for 1 to 130 rows (1 to 3 row tiles, a masked column tile), no sum kernel launched, the counters left
+    at 0 for the next call; counters too few for the tiles leave the sum to the second kernel, same bits."""
+    launches = _SumLaunches(matmul_module._sum_chunks_kernel)
+    monkeypatch.setattr(matmul_module, "_sum_chunks_kernel", launches)
+    generator = seeded_generator(9)
+    x, weight = _strided_rows(130, 80, dtype, generator), _random((40, 80), dtype, generator)
+    b = _random((40,), dtype, generator) if bias else None
+    counters = matmul_counters(DEVICE)
+    for rows in (1, 3, 64, 65, 130):
+        expected = invariant_linear(x[:rows], weight, b, split=True, **CHUNKED)
+        launches.count = 0
+        summed_last = invariant_linear(x[:rows], weight, b, split=True, counters=counters, **CHUNKED)
+        assert launches.count == 0, f"{rows} rows: the sum kernel ran"
+        assert torch.equal(summed_last, expected), f"{rows} rows"
+        assert not counters.any(), f"{rows} rows: counters left {counters.tolist()}"
+    few = invariant_linear(x, weight, b, split=True, counters=counters[:2], **CHUNKED)  # 3 row tiles: 3 counters
+    assert launches.count == 1 and torch.equal(few, invariant_linear(x, weight, b, split=True, **CHUNKED))
+
+
+def test_bad_counters_are_named() -> None:
+    generator = seeded_generator(10)
+    x, weight = _random((2, 64), torch.float32, generator), _random((16, 64), torch.float32, generator)
+    with pytest.raises(TypeError, match="counters"):
+        invariant_linear(x, weight, counters=torch.zeros(4, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="counters must be contiguous"):
+        invariant_linear(x, weight, counters=torch.zeros(8, dtype=torch.int32, device=DEVICE)[::2])
 
 
 def test_chunk_k_reaches_the_kernel() -> None:
@@ -330,6 +376,33 @@ def test_split_and_fused_paths_are_bitwise_the_same_gpu(shape: tuple[int, int], 
     for split in (True, False):
         assert torch.equal(invariant_linear(x[1000:1001], weight, b, split=split), full[1000:1001]), split
     assert_close_scaled(full[:256], _reference(x[:256], weight, b), torch.bfloat16, "matmul")
+    # The split path summing in its tiles' last programs (the engine's batch-invariant decode): the same bits.
+    counters = matmul_counters(x.device)
+    for m in (1, 7, 64, 256):
+        summed_last = invariant_linear(x[:m], weight, b, split=True, counters=counters)
+        assert torch.equal(summed_last, full[:m]), (m, "counters")
+    assert not counters.any()
+
+
+@pytest.mark.gpu
+def test_the_last_chunk_program_sums_in_cuda_graph_replays_gpu() -> None:
+    """The Qwen3-0.6B down projection at batch 1 captured once with counters and replayed 20 times with new
+    rows: each replay the fused path's bits (the counters back at 0 each time)."""
+    generator = seeded_generator(11)
+    weight = _random((1024, 3072), torch.bfloat16, generator)
+    x = _random((1, 3072), torch.bfloat16, generator)
+    out = torch.empty((1, 1024), dtype=torch.bfloat16, device=x.device)
+    counters = matmul_counters(x.device)
+    invariant_linear(x, weight, out=out, split=True, counters=counters)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        invariant_linear(x, weight, out=out, split=True, counters=counters)
+    for replay in range(20):
+        x.copy_(_random((1, 3072), torch.bfloat16, generator))
+        graph.replay()
+        assert torch.equal(out, invariant_linear(x, weight, split=False)), f"replay {replay}"
+    assert not counters.any()
 
 
 @pytest.mark.gpu

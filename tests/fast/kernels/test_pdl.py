@@ -10,6 +10,7 @@ import torch
 from fast.kernels.add_rmsnorm import add_rmsnorm
 from fast.kernels.decode_attention import decode_attention
 from fast.kernels.gemv import small_batch_linear
+from fast.kernels.matmul import invariant_linear, matmul_counters
 from fast.kernels.pdl import check_pdl_device
 from fast.kernels.qk_norm_rope import qk_norm_rope_store_kv_
 from fast.kernels.silu_and_mul import silu_and_mul
@@ -113,3 +114,20 @@ def test_gemv_gives_the_same_bits_with_pdl_at_the_engine_shapes(rows: int, width
     for with_bias in (None, bias):
         expected = small_batch_linear(x, weight, with_bias)
         assert torch.equal(small_batch_linear(x, weight, with_bias, pdl=True), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("width", "depth"), [(4096, 1024), (1024, 3072), (151936, 1024)])
+def test_invariant_matmul_gives_the_same_bits_with_pdl(width: int, depth: int) -> None:
+    """Batch-invariant mode's matmul with programmatic dependent launch: the split path (its last programs summing
+    with counters, and the sum kernel without), the fused path, 1, 5 and 300 rows: the same bits as without."""
+    generator = torch.Generator(device="cuda").manual_seed(width + depth)
+    weight = (torch.randn((width, depth), generator=generator, device="cuda") * 0.03).to(torch.bfloat16)
+    counters = matmul_counters(torch.device("cuda"))
+    for rows in (1, 5, 300):
+        x = torch.randn((rows, depth), generator=generator, device="cuda").to(torch.bfloat16)
+        expected = invariant_linear(x, weight, split=False)
+        for split, with_counters in ((True, True), (True, False), (False, False), (None, True)):
+            kwargs = {"split": split, "counters": counters if with_counters else None}
+            assert torch.equal(invariant_linear(x, weight, pdl=True, **kwargs), expected), (rows, kwargs)
+    assert not counters.any()
