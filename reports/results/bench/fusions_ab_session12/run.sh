@@ -8,7 +8,7 @@
 #         unused; the decode reduction in the last split program stays);
 #   no1:  5b6cd25 with fast/attention.py and fast/kernels/decode_attention.py from 8b0c94d (the reduce kernel again;
 #         linear_add_rmsnorm stays);
-#   chunked: 5b6cd25 with fast/kernels/gemv.py from experiment/add-norm-chunked (0f80d36: the last program takes a
+#   chunked: 5b6cd25 with fast/kernels/gemv.py from experiment/add-norm-chunked (the last program takes a
 #         row wider than 1024 columns in passes; at 8B's o_proj a whole 4096-column row in 2 warps took the kernel
 #         from 72 to 128 registers a thread, cuobjdump of the sm_90 build).
 # (batch-invariant mode is not run: the third fusion only acts there.) In the order the decision needs them: 8b
@@ -18,7 +18,7 @@
 # once, so what ran comes back if the call is cut.
 #   trees: C=5b6cd25; mk() { mkdir -p .clean/$1 && git archive $C fast spec twinfer reports/__init__.py reports/bench \
 #     | tar -x -C .clean/$1 --exclude=twinfer/models/stdlib-tiny; }; mk head; mk no2; mk no1; mk chunked; then the files
-#     above from 8b0c94d or 0f80d36 (git show COMMIT:PATH > .clean/TREE/PATH)
+#     above from 8b0c94d or experiment/add-norm-chunked (git show REF:PATH > .clean/TREE/PATH)
 #   sh reports/results/bench/fusions_ab_session12/run.sh OUT
 out=$1
 run() {  # label, tree, shape, extra flags, time limit
