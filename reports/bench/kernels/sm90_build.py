@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
 SM90 = GPUTarget("cuda", 90, 32)
 
@@ -34,7 +35,7 @@ class BuildResources:
 
 
 def build_resources(
-    kernel: triton.runtime.JITFunction,
+    kernel: JITFunction,
     constants: Mapping[str, object],
     pointer_types: Mapping[str, str],
     *,
@@ -44,6 +45,11 @@ def build_resources(
 ) -> BuildResources:
     """constants: every tl.constexpr argument's value. pointer_types: the Triton type of each `*_ptr` argument not
     bf16 ("*i32", "*fp32"). float_args: the scalar arguments that are floats; the other scalars are int32."""
+    if not isinstance(kernel, JITFunction):
+        raise TypeError(
+            f"{getattr(kernel, '__name__', kernel)!r} is not a compiled-mode Triton kernel (a {type(kernel).__name__}):"
+            " import it with TRITON_INTERPRET unset"
+        )
     signature = {}
     for name in kernel.arg_names:
         if name in constants:
