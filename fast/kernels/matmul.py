@@ -460,6 +460,16 @@ def num_chunks(k: int, config: MatmulConfig) -> int:
     return max(1, triton.cdiv(k, config.chunk_k))
 
 
+# The split path writes and reads every chunk's fp32 part of the [M, N] product, traffic that grows with M while
+# the fused grid's idle SMs do not: on the H200 at Qwen3-0.6B's projections the split path was faster at M = 64
+# (a forward pass's projections 1.27 x cuBLAS, against 1.55 x fused) and slower at M = 256 (1.92 against 1.51;
+# slower or equal at each shape), in reports/results/batch_invariant/run_c949ea7/invariant_matmul_bench.log (the
+# split path with its separate sum kernel then). Between the two nothing is measured yet. Batch-invariant
+# offline-256 runs most of its decode steps at 256 rows, where its projections took the split path
+# (reports/results/bench/targets_session12/).
+SPLIT_MAX_ROWS = 64
+
+
 @lru_cache(maxsize=16)
 def _multiprocessor_count(device: torch.device) -> int:
     if device.type != "cuda":
@@ -468,12 +478,14 @@ def _multiprocessor_count(device: torch.device) -> int:
 
 
 def takes_split_path(m: int, n: int, k: int, config: MatmulConfig, device: torch.device, split: bool | None) -> bool:
-    """Whether invariant_linear runs the split path: as forced, else when K has more than one chunk
-    and the fused grid would leave SMs idle. Depends on M, which is allowed: both paths give the
-    same bits."""
+    """Whether invariant_linear runs the split path: as forced, else when K has more than one chunk, the fused
+    grid would leave SMs idle, and M is at most SPLIT_MAX_ROWS. Depends on M, which is allowed: both paths give
+    the same bits."""
     if split is not None:
         return split
-    return num_chunks(k, config) > 1 and _tile_count(m, n, config) < _multiprocessor_count(device)
+    return (
+        m <= SPLIT_MAX_ROWS and num_chunks(k, config) > 1 and _tile_count(m, n, config) < _multiprocessor_count(device)
+    )
 
 
 # ----------------------------------------------------------------------------- launch

@@ -14,6 +14,7 @@ from hypothesis import given
 import fast.kernels.matmul as matmul_module
 from fast.kernels.matmul import (
     DEFAULT_MULTIPROCESSORS,
+    SPLIT_MAX_ROWS,
     invariant_linear,
     matmul_config,
     matmul_counters,
@@ -245,8 +246,9 @@ def test_split_argument_picks_the_launch_path(monkeypatch: pytest.MonkeyPatch) -
 
 def test_automatic_path_splits_small_batches_only() -> None:
     """The automatic choice at the Qwen3-0.6B layers (bf16 defaults, an H200's 132 SMs off the GPU):
-    a batch-1 decode splits (16 to 48 fused programs), a 2048-row prefill chunk does not, and the
-    threshold is the fused grid's size against the SM count."""
+    a batch-1 decode splits (16 to 48 fused programs), a 2048-row prefill chunk does not, a 256-row decode step
+    does not (its fused grids leave SMs idle, but the split path's fp32 parts cost more there), and the threshold
+    is the smaller of SPLIT_MAX_ROWS and the last row count whose fused grid is smaller than the SM count."""
     cpu = torch.device("cpu")
     for n, k in QWEN3_06B_LAYERS:
         config = matmul_tiles(n, k, torch.bfloat16)
@@ -255,7 +257,8 @@ def test_automatic_path_splits_small_batches_only() -> None:
         assert not takes_split_path(2048, n, k, config, cpu, None)
         assert takes_split_path(2048, n, k, config, cpu, True) and not takes_split_path(1, n, k, config, cpu, False)
         tiles_n = triton.cdiv(n, config.block_n)
-        last_split_rows = (triton.cdiv(DEFAULT_MULTIPROCESSORS, tiles_n) - 1) * config.block_m
+        last_split_rows = min((triton.cdiv(DEFAULT_MULTIPROCESSORS, tiles_n) - 1) * config.block_m, SPLIT_MAX_ROWS)
+        assert not takes_split_path(256, n, k, config, cpu, None)
         assert takes_split_path(last_split_rows, n, k, config, cpu, None)
         assert not takes_split_path(last_split_rows + 1, n, k, config, cpu, None)
 
