@@ -7,9 +7,12 @@
     qk_norm_rope        qk_norm_rope_: Qwen3 per-head q/k RMSNorm + rotate-half RoPE, in place;
                         qk_norm_rope_store_kv_: the same, then k and v into the paged cache (one kernel)
     silu_and_mul        silu_and_mul: SwiGLU activation of a merged gate_up projection
-    matmul              invariant_linear: the batch-invariant matmul (fixed tiles, no split-K)
+    matmul              invariant_linear: the batch-invariant matmul (fixed tiles and K chunks, one order)
     gumbel_sample       gumbel_sample: spec.sampling's Gumbel-max step fused over the vocabulary
-    gemv                small_batch_linear / silu_mul_linear: 1-16 row linear layers (decode-sized projections on CUDA)
+    gemv                small_batch_linear / silu_mul_linear / linear_add_rmsnorm: 1-16 row linear layers
+                        (decode-sized projections on CUDA)
+    arrival             last_to_arrive: the arrival count by which the last of a group of programs finishes
+                        the group's work in the same launch (used by decode_attention, gemv, matmul)
     all_reduce_norm     all_reduce_add_rmsnorm: tensor parallelism's one-shot all-reduce (symmetric memory) fused
                         with the residual add + RMSNorm after it
 

@@ -68,6 +68,7 @@ from fast.kernels._checks import (
     check_tensor,
     output_like,
 )
+from fast.kernels.arrival import last_to_arrive
 from fast.kernels.pdl import wait_then_release
 
 _LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); the kernels use exp2
@@ -174,14 +175,9 @@ def _decode_split_kernel(
             )  # fmt: skip
     if REDUCE_LAST:
         # The programs of this (sequence, KV head) that have splits count themselves in as they finish; the
-        # last reduces their splits (a semaphore as CUTLASS's: a barrier, then one thread's release; its
-        # acquire, then a barrier). It puts the count back to 0 for the next launch (graph replays reuse it).
-        tl.debug_barrier()  # every thread's partial stores precede the count's release
+        # last reduces their splits.
         counter = counters_ptr + seq * num_kv_heads + kv_head
-        finished_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if finished_before == tl.minimum(tl.num_programs(2), num_used) - 1:
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-            tl.debug_barrier()  # the acquire precedes every thread's reads of the other programs' partials
+        if last_to_arrive(counter, tl.minimum(tl.num_programs(2), num_used)):
             num_q_heads = num_kv_heads * group_size
             for q_head in range(kv_head * group_size, (kv_head + 1) * group_size):
                 _reduce_head(

@@ -44,7 +44,7 @@ measurement (reports/bench/kernels/gemv.py records both) says otherwise.
 
 linear_add_rmsnorm is a projection whose output joins the residual stream (o_proj, down) fused with the
 add + RMSNorm after it: each program stores its columns of out = x @ W^T as small_batch_linear does, then counts
-itself in on an arrival counter (a barrier and a release; an acquire and a barrier, CUTLASS's semaphore); the last
+itself in on an arrival counter (fast/kernels/arrival.py's last_to_arrive, CUTLASS's semaphore); the last
 program to arrive reads the whole out rows back from L2 and runs fast/kernels/add_rmsnorm.py's own code
 (add_then_normalise) on each, and puts the counter back to 0 for the next call. So it equals
 add_rmsnorm(small_batch_linear(x, W), residual, weight) (the same stored out, then the same add and norm; on a
@@ -80,6 +80,7 @@ from fast.kernels._checks import (
     check_tensor,
 )
 from fast.kernels.add_rmsnorm import MAX_HIDDEN, add_then_normalise
+from fast.kernels.arrival import last_to_arrive
 from fast.kernels.pdl import wait_then_release
 
 MAX_GEMV_ROWS = 16
@@ -188,11 +189,7 @@ def _add_norm_in_last_program(
 ):
     """Count this program in; the last of the grid's programs adds each whole out row to the residual and
     normalises it (add_rmsnorm's code), then puts the counter back to 0."""
-    tl.debug_barrier()  # every thread's stores of out precede the count's release
-    finished_before = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-    if finished_before == tl.num_programs(0) - 1:
-        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
-        tl.debug_barrier()  # the acquire precedes every thread's reads of the other programs' columns
+    if last_to_arrive(counter_ptr, tl.num_programs(0)):
         cols = tl.arange(0, BLOCK_HIDDEN)
         mask = cols < N
         for row in range(M):

@@ -106,6 +106,7 @@ from fast.kernels._checks import (
     check_shape,
     check_tensor,
 )
+from fast.kernels.arrival import last_to_arrive
 from fast.kernels.pdl import wait_then_release
 
 CHUNK_STEPS = 4  # BLOCK_K steps per reduction chunk by default (CHUNK_K = CHUNK_STEPS * BLOCK_K)
@@ -269,12 +270,7 @@ def _matmul_chunk_kernel(
     valid = (rows < M)[:, None] & (cols < N)[None, :]
     tl.store(ws_ptr + ws_offsets, part, mask=valid)
     if SUM_LAST:
-        tl.debug_barrier()  # every thread's part stores precede the count's release
-        counter = counters_ptr + tl.program_id(0)
-        finished_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if finished_before == NUM_CHUNKS - 1:
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-            tl.debug_barrier()  # the acquire precedes every thread's reads of the other chunks' parts
+        if last_to_arrive(counters_ptr + tl.program_id(0), NUM_CHUNKS):
             _sum_tile(ws_ptr, bias_ptr, out_ptr, rows, cols, valid, M, N, out_row_stride, HAS_BIAS, NUM_CHUNKS)
 
 
