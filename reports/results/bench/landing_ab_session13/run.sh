@@ -8,8 +8,9 @@
 #     offline-256 (-9.4% against no flags at 5b6cd25);
 #   - the arrival count in one helper (fast/kernels/arrival.py; the same code inlined) -> qwen3-0.6b decode-bs1 in
 #     both modes, where every decode step runs all three users of it.
-# Every run has its own time limit and writes its JSON and log to OUT at once; then the invariant matmul's kernel
-# sweep from the candidate (M = 128 added), if time is left.
+# Every run has its own time limit and writes its JSON and log to OUT at once; then the decode
+# split kernel at 4 and 8 warps (decode_warps.py) and the invariant matmul's kernel sweep from the candidate
+# (M = 128 added), if time is left.
 #   trees: mk() { mkdir -p .clean/$1 && git archive $2 fast spec twinfer reports/__init__.py reports/bench \
 #     | tar -x -C .clean/$1 --exclude=twinfer/models/stdlib-tiny && git rev-parse $2 > .clean/$1/COMMIT; }
 #     mk head 5b6cd25; mk cand LANDING
@@ -35,6 +36,9 @@ for round in 1 2; do
 done
 run 06b-inv-head-1 head decode-bs1 qwen3-0.6b --batch-invariant 40
 run 06b-inv-cand-1 cand decode-bs1 qwen3-0.6b --batch-invariant 40
+script="$(pwd)/reports/results/bench/landing_ab_session13/decode_warps.py"
+(cd .clean/cand && PYTHONPATH=. timeout 60 python "$script" >"$out/decode_warps.txt" 2>&1)
+echo "decode-warps rc=$?"; cat "$out/decode_warps.txt"
 (cd .clean/cand && timeout 100 python -m reports.bench.kernels.invariant_matmul --shapes qwen3-0.6b \
     --configs default,fused,split --commit "$(head -c 40 COMMIT)" --json "$out/invariant_matmul_bench.json" >"$out/invariant_matmul_bench.log" 2>&1)
 echo "sweep rc=$?"; grep -A4 "^forward pass" "$out/invariant_matmul_bench.log"
