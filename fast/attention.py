@@ -3,9 +3,10 @@ sequence brings exactly one query and the step has few sequences, the prefill ke
 rows for decode steps of many sequences.
 
 `PagedAttention` is built once per engine and owns the decode workspace and the decode kernel's
-arrival counters (its last split program per sequence and KV head reduces), so no call allocates
-them. Each step gets a `StepAttention` that holds views of the step's metadata (persistent device
-buffers of `fast.input_batch.InputBatch`); the model calls `attend` once per layer.
+arrival counters (its last split program per sequence and KV head reduces, for groups of at most
+LAST_PROGRAM_REDUCES_MAX_GROUP query heads), so no call allocates them. Each step gets a
+`StepAttention` that holds views of the step's metadata (persistent device buffers of
+`fast.input_batch.InputBatch`); the model calls `attend` once per layer.
 
 The decode kernel's split size comes from the step's batch size (SMALL_BATCH_SPLIT_SIZE up to
 SMALL_BATCH_MAX_SEQS sequences, a CUDA-graph size, so an eager step and the graph it would replay
@@ -78,6 +79,14 @@ INVARIANT_BLOCK_N = 64
 # mode's tiles without its always-masked path (see the module docstring); smaller ones keep the
 # split-KV decode kernel, which spreads a few long sequences over more programs.
 PACKED_DECODE_MIN_SEQS = 64
+
+# The decode kernel's last split program per (sequence, KV head) reduces that head group's splits (no reduction
+# kernel a layer) only for groups of at most this many query heads: it reduces them one after the other while the
+# GPU waits. On one H200, decode-bs1, bf16, no flags: with Qwen3-0.6B's groups of 2 the last-program fusions
+# together took a step from 1.064 to 1.032 ms (reports/results/fast_gpu/suite_and_report/run_5b6cd25/); with
+# Qwen3-8B's groups of 4 this one cost 0.16 ms a step, 5.075 against 4.912 ms with the reduction kernel
+# (reports/results/bench/landing_ab_session13/).
+LAST_PROGRAM_REDUCES_MAX_GROUP = 2
 
 
 # The decode kernel's smallest context bucket; the next ones double up to max_model_len (see the module
@@ -165,8 +174,9 @@ class PagedAttention:
         rows = max(n * query_len * triton.cdiv(max_model_len, decode_split_size(n)) for n, query_len in largest)
         self.workspace = decode_workspace(rows, num_heads, 1, head_dim, device)  # rows of (query, split)
         # The decode kernel's last split program per (sequence, KV head) reduces (no reduction kernel a layer):
-        # their arrival counts, for a decode step's largest batch.
-        self.counters = decode_counters(decode_seqs, num_kv_heads, device)
+        # their arrival counts, for a decode step's largest batch. None: the reduction kernel (wider groups).
+        reduces_last = self.group_size <= LAST_PROGRAM_REDUCES_MAX_GROUP
+        self.counters = decode_counters(decode_seqs, num_kv_heads, device) if reduces_last else None
 
     def for_step(self, metadata: StepMetadata) -> StepAttention:
         return StepAttention(self, metadata)

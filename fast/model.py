@@ -14,7 +14,8 @@ One forward pass over a flattened batch of T tokens (prefill chunks and decode t
                 hidden = silu_and_mul(x @ W_gate_up^T) @ W_down^T
     logits [R, vocab] fp32 = final_norm(hidden + residual)[logit rows] @ W_lm_head^T
 
-With small_batch_gemv and one rank, a step of at most SMALL_BATCH_ROWS rows runs o_proj and the next add_rmsnorm,
+With small_batch_gemv, one rank and a hidden size of at most ADD_NORM_FUSION_MAX_HIDDEN, a step of at most
+SMALL_BATCH_ROWS rows runs o_proj and the next add_rmsnorm,
 and down and the next layer's input add_rmsnorm, as one launch each (fast.kernels.gemv.linear_add_rmsnorm: the
 GEMV's last program adds and normalises): so the down projection of layer i is made where layer i + 1's input norm
 is (`_project_add_norm`), the last layer's before the final norm as before.
@@ -73,6 +74,14 @@ from spec.rope import cos_sin_cache
 # whatever M is). Decode graphs are captured at 1, 2, 4, 8, 16, 24, ..., so a graphed decode step
 # meets only measured sizes. The silu_mul_linear fusion is not used: it was slower at every M.
 SMALL_BATCH_ROWS = MAX_GEMV_ROWS
+
+# o_proj and down take their add + RMSNorm into the same launch (linear_add_rmsnorm) only up to this hidden size:
+# the GEMV's last program then reads, adds and normalises the whole row alone while the GPU waits. On one H200,
+# decode-bs1, bf16, no flags: at Qwen3-0.6B (1024) the last-program fusions together took a step from 1.064 to
+# 1.032 ms (reports/results/fast_gpu/suite_and_report/run_5b6cd25/); at Qwen3-8B (4096) this one cost 0.30 ms a
+# step, 5.075 against 4.774 ms without it (reports/results/bench/landing_ab_session13/), and taking the row in
+# 1024-column passes (72 registers a thread instead of 128) made it 1% slower still.
+ADD_NORM_FUSION_MAX_HIDDEN = 1024
 
 
 def small_batch_dispatch_linear(
@@ -146,7 +155,9 @@ class FastCausalLM:
         self.layout = layout
         self.collectives = collectives
         # linear_add_rmsnorm's arrival counter: its calls follow one another on the step's stream, so they share it.
-        self.gemv_counter = gemv_counter(device) if small_batch_gemv else None
+        # None: the fusion is off (no GEMV, or a hidden size where it costs).
+        fuses_add_norm = small_batch_gemv and config.hidden_size <= ADD_NORM_FUSION_MAX_HIDDEN
+        self.gemv_counter = gemv_counter(device) if fuses_add_norm else None
         # fp32 [max_positions, head_dim]: cos | sin halves, RoPE scaling and attention factor applied.
         self.cos_sin = cos_sin_cache(config, max_positions).to(device)
 

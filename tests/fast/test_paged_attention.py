@@ -90,6 +90,19 @@ def test_a_verify_step_of_padded_chunks_runs_the_decode_kernel_and_matches_packe
     assert_close_scaled(split, expected, dtype, "split decode kernel, several queries")
 
 
+def test_the_last_split_program_reduces_only_narrow_groups() -> None:
+    """Groups of at most LAST_PROGRAM_REDUCES_MAX_GROUP query heads get the arrival counters (the last split
+    program reduces); wider ones none (the reduction kernel: at Qwen3-8B's groups of 4 the last program's one-by-one
+    reduction cost 0.16 ms a decode-bs1 step). The decode test above runs both (groups 1, 2 and 3)."""
+    assert fast.attention.LAST_PROGRAM_REDUCES_MAX_GROUP == 2
+    for group in (1, 2):
+        counters = _backend(group, 8).counters
+        assert counters is not None and counters.numel() >= 8 * NUM_KV_HEADS and not counters.any()
+    assert _backend(3, 8).counters is None
+    assert PagedAttention(32, 8, 128, 1, 4096, torch.device("cpu")).counters is None  # Qwen3-8B's heads
+    assert PagedAttention(16, 8, 128, 1, 4096, torch.device("cpu")).counters is not None  # Qwen3-0.6B's
+
+
 def test_a_verify_step_too_wide_for_the_decode_tile_takes_the_prefill_kernel() -> None:
     assert _backend(4, 8, verify_query_len=8).runs_decode_kernel(5, query_len=8)  # 32 rows: one tile
     too_wide = _backend(4, 8, verify_query_len=9)
