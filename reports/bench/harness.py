@@ -4,9 +4,12 @@ random weights, on one engine, optionally beside transformers (`--baseline hf`) 
 The JSON record holds: where it ran (GPU, driver, versions, commit), the device's copy bandwidth
 and bf16 matmul ceiling measured in the same process, the model shape, dtype, workload (and
 whether it is the standard one), each engine's settings, and per phase the workload's figures
-with the raw numbers they come from. Latency figures (time per output token) are medians over
-`--repeats` runs on one engine; throughput figures come from the first run, when no prompt of
-the phase is in the prefix cache yet.
+with the raw numbers they come from. Every phase runs `--repeats` times. Latency workloads (time per
+output token) run them on one engine and keep the median; their throughput figures come from the
+first run, when no prompt of the phase is in the prefix cache yet. Throughput workloads (offline-256,
+prefix-shared) run each time on a fresh engine, so that no run finds its prompts cached, and keep the
+run of median wall time; their profile (`--profile`) runs on a fresh engine too. transformers runs a
+throughput phase once (its offline-256 takes minutes a run).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -94,6 +98,10 @@ class BenchSettings:
 
     @property
     def runs_per_phase(self) -> int:
+        return self.repeats
+
+    @property
+    def hf_runs_per_phase(self) -> int:
         return self.repeats if self.workload.latency else 1
 
 
@@ -132,7 +140,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="shrink every count and length by this factor, for harness tests (default 1: the standard workload)",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="runs per phase of latency workloads (default 3)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs per phase (default 3): on one engine for latency workloads, each on a fresh engine for throughput "
+        "ones; transformers runs a throughput phase once",
+    )
     parser.add_argument("--weight-seed", type=int, default=0, help="seed of the random weights (default 0)")
     parser.add_argument("--commit", help="git commit to record (default: `git rev-parse HEAD`)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -247,6 +261,7 @@ def run_benchmark(
         "environment": environment(settings.device, settings.commit),
         "ceilings": ceilings,
         "runs_per_phase": settings.runs_per_phase,
+        "hf_runs_per_phase": settings.hf_runs_per_phase,
         "weight_seed": settings.weight_seed,
         "results": [],
     }
@@ -285,33 +300,77 @@ def build_random_engine(
     return engine
 
 
+T = TypeVar("T")
+
+
+def _on_fresh_engine(
+    name: str, settings: BenchSettings, config: EngineConfig, work: Callable[[Engine], T]
+) -> tuple[T, dict[str, object], dict[str, object]]:
+    """work(engine) on a fresh engine for `config`, warmed up by one request; then the engine ends (tensor-parallel
+    ranks end with theirs) and its memory goes back before anything else is built. Returns what work returned, the
+    engine's start-up times and its resolved config."""
+    built = time.perf_counter()
+    engine = build_random_engine(
+        name, settings.shape, config, settings.dtype, settings.device, settings.weight_seed, settings.model
+    )
+    start_up = {"build_s": time.perf_counter() - built} | _runner_startup(engine)
+    resolved = asdict(engine.config)
+    try:
+        warm_up_engine(engine)
+        result = work(engine)
+    finally:
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
+        del engine  # the last reference: the memory below is the engine's
+        _release_memory(settings.device)
+    return result, start_up, resolved
+
+
+def _run_phase(name: str, settings: BenchSettings, phase: Phase) -> tuple[list[PhaseRun], dict[str, object]]:
+    """The phase's runs and its record. A latency workload runs them on one engine (warmed up by one request), then
+    the profile there; a throughput workload runs each (and the profile) on an engine of its own, as its figures
+    count the prefill a second run on one engine would find in the prefix cache."""
+    config = bench_engine_config(name, settings, phase)
+    count, independent = settings.runs_per_phase, not settings.workload.latency
+
+    def one_run(engine: Engine) -> PhaseRun:
+        return run_on_engine(engine, phase, settings.progress)
+
+    def profile_of(engine: Engine) -> dict[str, object]:
+        return profile_run(partial(run_on_engine, engine, phase, False), settings.device)[1]
+
+    def runs_then_profile(engine: Engine) -> tuple[list[PhaseRun], dict[str, object] | None]:
+        timed = [one_run(engine) for _ in range(count)]
+        return timed, profile_of(engine) if settings.profile else None
+
+    profile = None
+    if independent:
+        results = [_on_fresh_engine(name, settings, config, one_run) for _ in range(count)]
+        runs = [run for run, _, _ in results]
+        _, start_up, resolved = results[0]  # the first engine's start-up, as a latency workload's one engine
+        if settings.profile:
+            profile = _on_fresh_engine(name, settings, config, profile_of)[0]
+    else:
+        (runs, profile), start_up, resolved = _on_fresh_engine(name, settings, config, runs_then_profile)
+    entry = {
+        "phase": phase.label,
+        "engine_config": resolved,
+        "start_up": start_up,
+        "metrics": phase_metrics(runs, independent),
+        "runs": [run_record(run) for run in runs],
+    }
+    if profile is not None:
+        entry["profile"] = profile
+    return runs, entry
+
+
 def run_engine(name: str, settings: BenchSettings) -> dict[str, object]:
-    """Each phase on a fresh engine (built from random weights on the device), after a warm-up request."""
+    """Each phase of the workload on fresh engines built from random weights on the device (_run_phase)."""
     phases, runs_by_label = [], {}
     for phase in settings.workload.phases:
-        engine_config = bench_engine_config(name, settings, phase)
-        built = time.perf_counter()
-        engine = build_random_engine(
-            name, settings.shape, engine_config, settings.dtype, settings.device, settings.weight_seed, settings.model
-        )
-        start_up = {"build_s": time.perf_counter() - built} | _runner_startup(engine)
-        warm_up_engine(engine)
-        runs = [run_on_engine(engine, phase, settings.progress) for _ in range(settings.runs_per_phase)]
+        runs, entry = _run_phase(name, settings, phase)
         runs_by_label[phase.label] = runs
-        entry = {
-            "phase": phase.label,
-            "engine_config": asdict(engine.config),
-            "start_up": start_up,
-            "metrics": phase_metrics(runs),
-            "runs": [run_record(run) for run in runs],
-        }
-        if settings.profile:
-            entry["profile"] = profile_run(partial(run_on_engine, engine, phase, False), settings.device)[1]
         phases.append(entry)
-        if hasattr(engine, "shutdown"):  # tensor-parallel ranks end with their engine
-            engine.shutdown()
-        del engine
-        _release_memory(settings.device)
     return {
         "engine": name,
         # JSON: the one nested setting (speculative) as its fields
@@ -392,11 +451,11 @@ def run_hf(settings: BenchSettings) -> dict[str, object]:
             continue
         if phase.hf_method == GENERATE:
             warm_up_hf_generate(model)
-            runs = [run_hf_generate(model, phase, settings.progress, lookup) for _ in range(settings.runs_per_phase)]
+            runs = [run_hf_generate(model, phase, settings.progress, lookup) for _ in range(settings.hf_runs_per_phase)]
         else:
             runs = [
                 run_hf_continuous_batching(model, phase, continuous_batching, settings.progress)
-                for _ in range(settings.runs_per_phase)
+                for _ in range(settings.hf_runs_per_phase)
             ]
         phases.append(
             {
@@ -436,10 +495,12 @@ def _hf_continuous_batching_settings(settings: BenchSettings) -> ContinuousBatch
 # ----------------------------------------------------------------------------- figures
 
 
-def phase_metrics(runs: list[PhaseRun]) -> dict[str, object]:
-    """A phase's figures: throughput and prefill from the first run, time per output token as the
-    median over runs of each run's median over requests."""
-    first = runs[0]
+def phase_metrics(runs: list[PhaseRun], independent: bool = False) -> dict[str, object]:
+    """A phase's figures: throughput and prefill from one run, time per output token as the median over runs of
+    each run's median over requests. The one run: with independent runs (each on a fresh engine) the run of median
+    wall time (the slower middle one of an even count), otherwise the first (the only one that found no prompt of
+    the phase cached)."""
+    first = sorted(runs, key=lambda run: run.wall_s)[len(runs) // 2] if independent else runs[0]
     prompt_tokens = sum(r.num_prompt_tokens for r in first.requests)
     cached = [r.num_cached_prompt_tokens for r in first.requests]
     cached_total = None if any(c is None for c in cached) else sum(cached)
@@ -449,6 +510,7 @@ def phase_metrics(runs: list[PhaseRun]) -> dict[str, object]:
     tpot = statistics.median(tpot_runs) if all(t is not None for t in tpot_runs) else None
     full_batch_steps = [s for run in runs for s in run.full_batch_decode_step_s]
     return {
+        "throughput_run": runs.index(first),
         "wall_s": first.wall_s,
         "num_requests": len(first.requests),
         "prompt_tokens": prompt_tokens,
