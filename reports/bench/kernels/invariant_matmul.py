@@ -12,7 +12,8 @@ invariant_linear's automatic choice of launch path), `previous` the tiles of the
 64-row tiles (16-row tiles, no program groups); `fused` forces the fused path at every M, `split`
 the split-K path at M <= FORCED_SPLIT_MAX_ROWS (timed there only; above it the automatic path runs,
 so the invariance check compares split prefixes with a fused full result), `unchunked` one chunk
-over all of K (the kernel before the split-K: fused, no chunk flushes; another summation order).
+over all of K (the kernel before the split-K: fused, no chunk flushes; another summation order); `chunk256` and
+`chunk128` more, smaller chunks (at one row more programs on the GPU; another summation order too).
 
 For each shape and configuration:
 - Invariance: x is 8192 random rows; the result of all of x, then of each prefix x[:M] for M in
@@ -80,6 +81,10 @@ CANDIDATES: dict[str, dict[str, int | bool]] = {
     "fused": {"split": False},
     "split": {"split": True},
     "unchunked": {"chunk_k": 1 << 20},  # a multiple of every block_k: one chunk for every weight
+    # More, smaller chunks (the default is 4 BLOCK_K steps: 256 or 512): more programs at one row, more fp32 parts
+    # to write and sum; multiples of every default block_k (64, 128). Another summation order: new bits for every M.
+    "chunk256": {"chunk_k": 256},
+    "chunk128": {"chunk_k": 128},
     "previous": {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3, "group_m": 0},
     "default_g0": {"group_m": 0},
     "m64n128k64": {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 4, "group_m": 8},

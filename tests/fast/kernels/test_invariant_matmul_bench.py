@@ -134,3 +134,17 @@ def test_needs_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     bench.configure_parser(parser)
     assert bench.run(parser.parse_args([])) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("name", ["chunk256", "chunk128"])
+def test_smaller_chunk_candidates_run_and_stay_invariant(name: str) -> None:
+    """The candidates with more, smaller K chunks are valid launches at a depth of several chunks (K = 512 with the
+    default block_k of 128), correct, and invariant: a row's result does not depend on the rows around it."""
+    generator = seeded_generator(7)
+    x, weight = torch.randn((9, 512), generator=generator).to(DEVICE), torch.randn((24, 512), generator=generator)
+    weight = weight.to(DEVICE)
+    overrides = bench.CANDIDATES[name]
+    full = invariant_linear(x, weight, **overrides)
+    torch.testing.assert_close(full, x @ weight.T, rtol=1e-5, atol=1e-4)
+    assert torch.equal(invariant_linear(x[2:3], weight, **overrides), full[2:3])
