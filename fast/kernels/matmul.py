@@ -48,12 +48,11 @@ Two launch paths compute exactly that, bit for bit the same:
   A batch-1 decode launches num_chunks times as many matmul programs (with the defaults, 4 to 6
   times: 64 to 192 for the Qwen3-0.6B layers rather than 16 to 48), enough to keep more of the
   weight in flight.
-  With `counters` (`matmul_counters`, int32, one per tile, all 0), the split path is one launch: the tile's
-  chunk programs count themselves in as they finish (a barrier and a release; an acquire and a barrier, as
-  fast/kernels/decode_attention.py's last split program), and the last of them runs the second kernel's sum
-  for the tile (`_sum_tile`: the same fp32 adds from zero in chunk order, elementwise, so the same bits on any
-  device) and puts its counter back to 0. A batch-1 decode step in batch-invariant mode then launches one
-  kernel per projection, not two (112 fewer a step at Qwen3-0.6B).
+  With `counters` (`matmul_counters`, int32, one per tile, all 0), the split path is one launch: the tile's chunk
+  programs count themselves in as they finish (fast/kernels/arrival.py's last_to_arrive), and the last of them runs
+  the second kernel's sum for the tile (`_sum_tile`: the same fp32 adds from zero in chunk order, elementwise, so the
+  same bits on any device) and puts its counter back to 0. A batch-1 decode step in batch-invariant mode then launches
+  one kernel per projection, not two (112 fewer a step at Qwen3-0.6B).
 Because the two paths give the same bits, the choice between them may depend on M: the split path
 when K has more than one chunk and the fused grid would have fewer programs than the GPU has SMs
 (invariant_linear's `split` forces either path, for tests and benchmarks).
@@ -460,9 +459,10 @@ def num_chunks(k: int, config: MatmulConfig) -> int:
 # the fused grid's idle SMs do not: on the H200 at Qwen3-0.6B's projections the split path was faster at M = 64
 # (a forward pass's projections 1.27 x cuBLAS, against 1.55 x fused) and slower at M = 256 (1.92 against 1.51;
 # slower or equal at each shape), in reports/results/batch_invariant/run_c949ea7/invariant_matmul_bench.log (the
-# split path with its separate sum kernel then). Between the two nothing is measured yet. Batch-invariant
-# offline-256 runs most of its decode steps at 256 rows, where its projections took the split path
-# (reports/results/bench/targets_session12/).
+# split path with its separate sum kernel then). Batch-invariant offline-256 runs most of its decode steps at 256
+# rows, where its projections took the split path (reports/results/bench/targets_session12/); with this limit it
+# ran 7.8% faster in an alternating A/B (reports/results/bench/landing_ab_session13/). The split path between 64
+# and 256 rows is not measured.
 SPLIT_MAX_ROWS = 64
 
 

@@ -192,7 +192,8 @@ def test_a_hidden_size_above_the_fusion_limit_keeps_the_add_norm_apart(
 ) -> None:
     """Above ADD_NORM_FUSION_MAX_HIDDEN (at Qwen3-8B's 4096 the fusion cost 0.30 ms a decode-bs1 step) o_proj and
     down take the plain GEMV and the add + RMSNorm its own kernel; the logits stay within 1e-4 of the fused ones."""
-    assert fast.model.ADD_NORM_FUSION_MAX_HIDDEN == 1024
+    # As measured: Qwen3-0.6B's hidden size (1024) keeps the fusion, Qwen3-8B's (4096) does not.
+    assert 1024 <= fast.model.ADD_NORM_FUSION_MAX_HIDDEN < 4096
     config, _ = tiny_weights
     fused = _runner(tiny_weights)
     assert fused.model.gemv_counter is not None

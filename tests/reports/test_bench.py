@@ -367,7 +367,12 @@ def test_a_throughput_workload_runs_each_time_on_a_fresh_engine(
     cached; the figures are the median run's (two runs: the slower)."""
     built = []
     monkeypatch.setattr(harness, "build_random_engine", _counting(harness.build_random_engine, built))
-    record = _bench(tmp_path, "offline-256", "--engine", "reference", "--scale", "0.01", "--repeats", "2", "--profile")
+    # 4-token blocks: the scaled prompts (5 to 10 tokens) fill whole blocks, which a second run on one engine would
+    # find in its prefix cache.
+    record = _bench(
+        tmp_path, "offline-256", "--engine", "reference", "--scale", "0.01", "--repeats", "2", "--profile",
+        "--block-size", "4",
+    )  # fmt: skip
     assert (record["runs_per_phase"], record["hf_runs_per_phase"]) == (2, 1)
     (phase,) = record["results"][0]["phases"]
     assert len(built) == 3  # two timed runs and the profile
