@@ -5,9 +5,12 @@ sequence's length return at once. This times decode_attention at the engine's sp
 max_seq_len 2048 (the benchmarks' --max-model-len) and 40960 (Qwen3's max_position_embeddings, the
 default), each call replayed from a CUDA graph of CALLS back-to-back calls (H200, bf16).
 --sweep-grid also times each case at every grid_splits (programs along the split axis) of
-GRID_SWEEP, to choose decode_attention's default.
+GRID_SWEEP, to choose decode_attention's default. --small-batch instead times one sequence at decode-bs1's
+contexts (a 128-token prompt and 256 output tokens: 128 to 384 keys) at each (split size, BLOCK_N, bound) of
+SMALL_BATCH_CANDIDATES, with Qwen3-0.6B's heads (16 query, 8 KV: the last split program reduces, as the engine
+runs it) and Qwen3-8B's (32, 8: the reduction kernel).
 
-    python -m reports.bench.kernels.decode_splits --json out.json [--sweep-grid]
+    python -m reports.bench.kernels.decode_splits --json out.json [--sweep-grid | --small-batch]
 """
 
 from __future__ import annotations
@@ -17,17 +20,29 @@ import json
 
 import torch
 
-from fast.kernels.decode_attention import decode_attention, decode_workspace
+from fast.kernels.decode_attention import decode_attention, decode_counters, decode_workspace
 from reports.bench.graph_timing import median_replay_us
 
 CALLS, REPLAYS = 20, 30
 GRID_SWEEP = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+# (split size, BLOCK_N, max_seq_len): the engine's small-batch split (128 keys, 64-key tiles, the 2048-key bucket),
+# then shorter splits with the bucket that keeps them at 16 splits, so the last split program still reduces.
+SMALL_BATCH_CANDIDATES = ((128, 64, 2048), (64, 64, 1024), (64, 32, 1024), (32, 32, 512))
+SMALL_BATCH_HEADS = (((16, 8), "qwen3-0.6b", True), ((32, 8), "qwen3-8b", False))
 
 
 def time_case(
-    num_seqs: int, context: int, max_seq_len: int, split_size: int, heads: tuple[int, int], grid_splits: int | None
+    num_seqs: int,
+    context: int,
+    max_seq_len: int,
+    split_size: int,
+    heads: tuple[int, int],
+    grid_splits: int | None,
+    block_n: int | None = None,
+    reduce_last: bool = False,
 ) -> float:
-    """Median microseconds per call."""
+    """Median microseconds per call; reduce_last: with arrival counters (the last split program reduces where
+    the split count allows it)."""
     num_q_heads, num_kv_heads = heads
     head_dim, block_size, device = 128, 16, torch.device("cuda")
     blocks_per_seq = max_seq_len // block_size
@@ -42,10 +57,12 @@ def time_case(
     q = torch.randn(num_seqs, num_q_heads, head_dim, dtype=torch.bfloat16, device=device)
     out = torch.empty_like(q)
     workspace = decode_workspace(num_seqs, num_q_heads, -(-max_seq_len // split_size), head_dim, device)
+    counters = decode_counters(num_seqs, num_kv_heads, device) if reduce_last else None
 
     def call() -> None:
         decode_attention(q, k_cache, v_cache, tables, seq_lens, head_dim**-0.5, max_seq_len,
-                         split_size=split_size, out=out, workspace=workspace, grid_splits=grid_splits)  # fmt: skip
+                         split_size=split_size, out=out, workspace=workspace, grid_splits=grid_splits,
+                         block_n=block_n, counters=counters)  # fmt: skip
 
     def calls() -> None:
         for _ in range(CALLS):
@@ -76,16 +93,29 @@ def _cases(sweep_grid: bool) -> list[dict[str, object]]:
     return cases
 
 
+def _small_batch_cases() -> list[dict[str, object]]:
+    """One sequence at decode-bs1's contexts, each head shape at each of SMALL_BATCH_CANDIDATES."""
+    return [
+        {"heads": heads, "name": name, "reduce_last": reduce_last, "num_seqs": 1, "context": context,
+         "split_size": split_size, "block_n": block_n, "max_seq_len": max_seq_len, "grid_splits": None}
+        for heads, name, reduce_last in SMALL_BATCH_HEADS
+        for context in (128, 256, 384)
+        for split_size, block_n, max_seq_len in SMALL_BATCH_CANDIDATES
+    ]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True)
-    parser.add_argument("--sweep-grid", action="store_true", help="time every grid_splits of GRID_SWEEP too")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--sweep-grid", action="store_true", help="time every grid_splits of GRID_SWEEP too")
+    mode.add_argument("--small-batch", action="store_true", help="one sequence, SMALL_BATCH_CANDIDATES' splits")
     args = parser.parse_args()
     rows = []
-    for case in _cases(args.sweep_grid):
+    for case in _small_batch_cases() if args.small_batch else _cases(args.sweep_grid):
         heads = case.pop("heads")
         us = time_case(case["num_seqs"], case["context"], case["max_seq_len"], case["split_size"], heads,
-                       case["grid_splits"])  # fmt: skip
+                       case["grid_splits"], case.get("block_n"), case.get("reduce_last", False))  # fmt: skip
         rows.append({**case, "grid_splits": case["grid_splits"] or "default", "us_per_call": us})
         print(json.dumps(rows[-1]), flush=True)
     with open(args.json, "w") as handle:
