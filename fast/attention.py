@@ -10,8 +10,9 @@ LAST_PROGRAM_REDUCES_MAX_GROUP query heads), so no call allocates them. Each ste
 
 The decode kernel's split size comes from the step's batch size (SMALL_BATCH_SPLIT_SIZE up to
 SMALL_BATCH_MAX_SEQS sequences, a CUDA-graph size, so an eager step and the graph it would replay
-agree), and its split count from a host-known bound on the step's longest sequence: the smallest of
-the context buckets 2048, 4096, ... max_model_len that holds it (`decode_context`). A split's
+agree; SINGLE_SEQUENCE_SPLIT_SIZE for one sequence under a short bound), and its split count from a
+host-known bound on the step's longest sequence: the smallest of the context buckets 512, 1024, ...
+max_model_len that holds it (`decode_context`). A split's
 arithmetic and the reduction over a sequence's own splits do not depend on the split count, only the
 launch grid does: with max_model_len's split count at Qwen3's default 40,960-token context, one
 program per split was either a grid of mostly empty programs or the kernel's slower loop over
@@ -66,6 +67,14 @@ DECODE_SPLIT_SIZE = 512
 # is what the larger split saves at large batches.
 SMALL_BATCH_SPLIT_SIZE = 128
 SMALL_BATCH_MAX_SEQS = 64
+# One sequence under a bound of at most SINGLE_SEQUENCE_SPLIT_MAX_CONTEXT keys: 32-key splits (of one 32-key tile,
+# decode_attention's tile for a split that short), so its few hundred keys spread over 4x the programs. On one
+# H200, decode-bs1 (128 to 384 keys), bf16, no flags, two alternating runs each in one call: Qwen3-0.6B 0.983 and
+# 0.993 ms a token against 1.034 and 1.035 with 128-key splits; Qwen3-8B 4.482 and 4.484 against 4.539 and 4.540
+# (reports/results/bench/decode_split_ab/). Longer bounds keep 128-key splits: at thousands of keys the partial
+# outputs, which grow with the split count, were not measured at 32.
+SINGLE_SEQUENCE_SPLIT_SIZE = 32
+SINGLE_SEQUENCE_SPLIT_MAX_CONTEXT = 512
 
 
 # Batch-invariant mode's attention tiles, one choice for every step of every engine (see the module
@@ -90,9 +99,9 @@ LAST_PROGRAM_REDUCES_MAX_GROUP = 2
 
 
 # The decode kernel's smallest context bucket; the next ones double up to max_model_len (see the module
-# docstring). 2048 keys: the context every earlier benchmark ran at, and at 128-key splits a grid of
-# 16 splits, one program each, up to 64 sequences of 8 KV heads on an H200.
-MIN_DECODE_CONTEXT = 2048
+# docstring). 512 keys: one sequence's 32-key splits are then 16, so at Qwen3-0.6B's groups the last split
+# program still reduces (LAST_PROGRAM_REDUCES_MAX_SPLITS); with 128-key splits it is 4 splits a sequence.
+MIN_DECODE_CONTEXT = 512
 # On the CPU (Triton's interpreter) the ladder starts at one split: every program of a grid, an empty one
 # too, runs there in Python (about 10 ms each), and no CUDA graph is captured per bucket. A test's short
 # sequences then launch one split per (sequence, KV head) instead of max_model_len's; the arithmetic is
@@ -100,9 +109,12 @@ MIN_DECODE_CONTEXT = 2048
 MIN_DECODE_CONTEXT_INTERPRETED = SMALL_BATCH_SPLIT_SIZE
 
 
-def decode_split_size(num_seqs: int) -> int:
-    """The decode kernel's split size for a step of num_seqs sequences (a graph size where the step is
-    replayed: SMALL_BATCH_MAX_SEQS is one, so the eager step and its graph agree)."""
+def decode_split_size(num_seqs: int, context: int) -> int:
+    """The decode kernel's split size for a step of num_seqs sequences launched over the bound `context` (host
+    ints of the graph the step is replayed in: SMALL_BATCH_MAX_SEQS is a graph size and the bound a bucket, so
+    the eager step and its graph agree)."""
+    if num_seqs == 1 and context <= SINGLE_SEQUENCE_SPLIT_MAX_CONTEXT:
+        return SINGLE_SEQUENCE_SPLIT_SIZE
     return SMALL_BATCH_SPLIT_SIZE if num_seqs <= SMALL_BATCH_MAX_SEQS else DECODE_SPLIT_SIZE
 
 
@@ -163,15 +175,19 @@ class PagedAttention:
         if smallest_context is None:
             smallest_context = MIN_DECODE_CONTEXT if device.type == "cuda" else MIN_DECODE_CONTEXT_INTERPRETED
         self.contexts = context_buckets(max_model_len, smallest_context)
-        # The decode kernel's largest steps at max_model_len, one per split size (its most sequences at
-        # each): the workspace views are flat prefixes (decode_attention), so its size is their largest.
+        # The decode kernel's largest steps at every bound, one per split size (one sequence, and the most
+        # sequences at each): the workspace views are flat prefixes (decode_attention), so its size is their largest.
         self.verify_seqs, self.verify_query_len = verify_seqs, verify_query_len
         decode_seqs = min(max_num_seqs, self.packed_decode_min_seqs)
-        largest = [(n, 1) for n in (min(decode_seqs, SMALL_BATCH_MAX_SEQS), decode_seqs)]
+        largest = [(n, 1) for n in (1, min(decode_seqs, SMALL_BATCH_MAX_SEQS), decode_seqs)]
         if verify_seqs and self.runs_decode_kernel(1, verify_query_len):
             verify_seqs = min(verify_seqs, self.packed_decode_min_seqs)
-            largest += [(n, verify_query_len) for n in (min(verify_seqs, SMALL_BATCH_MAX_SEQS), verify_seqs)]
-        rows = max(n * query_len * triton.cdiv(max_model_len, decode_split_size(n)) for n, query_len in largest)
+            largest += [(n, verify_query_len) for n in (1, min(verify_seqs, SMALL_BATCH_MAX_SEQS), verify_seqs)]
+        rows = max(
+            n * query_len * triton.cdiv(context, decode_split_size(n, context))
+            for n, query_len in largest
+            for context in self.contexts
+        )
         self.workspace = decode_workspace(rows, num_heads, 1, head_dim, device)  # rows of (query, split)
         # The decode kernel's last split program per (sequence, KV head) reduces (no reduction kernel a layer):
         # their arrival counts, for a decode step's largest batch. None: the reduction kernel (wider groups).
@@ -199,10 +215,10 @@ class PagedAttention:
         longer bucket)."""
         if not self.runs_decode_kernel(num_seqs, query_len):
             return self.max_model_len  # the grid does not depend on it
-        split = decode_split_size(num_seqs)
         for context in self.contexts:
             if context >= max_seq_len:
-                if one_program_per_split(num_seqs, self.num_kv_heads, triton.cdiv(context, split), self.device):
+                splits = triton.cdiv(context, decode_split_size(num_seqs, context))
+                if one_program_per_split(num_seqs, self.num_kv_heads, splits, self.device):
                     return context
                 break
         return self.max_model_len
@@ -233,7 +249,7 @@ class StepAttention:
                 meta.seq_lens,
                 backend.scale,
                 meta.decode_context,
-                split_size=decode_split_size(meta.num_seqs),
+                split_size=decode_split_size(meta.num_seqs, meta.decode_context),
                 workspace=backend.workspace,
                 pdl=backend.pdl,
                 query_len=meta.query_len,

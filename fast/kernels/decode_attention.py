@@ -446,6 +446,7 @@ def decode_attention(
         splits, cdiv(max_seq_len, split_size). Keys past a sequence's seq_lens are never read.
     split_size: keys per split (power of two, multiple of block_n); default chosen from the
         shapes and the SM count.
+    block_n: keys per tile; default the head size's tile (`_default_tiles`), or split_size where that is less.
     workspace: (partial_out fp32 [>= num_seqs * query_len, num_q_heads, >= num_splits, head_dim],
         partial_lse fp32 [>= num_seqs * query_len, num_q_heads, >= num_splits]) owned by the caller, so that
         nothing is allocated per call (see `decode_workspace`); default: allocated here.
@@ -480,12 +481,14 @@ def decode_attention(
         )
 
     default_n, default_warps, default_stages = _default_tiles(head_dim, q.dtype)
-    block_n = block_n or default_n
     num_warps = num_warps or default_warps
     num_stages = num_stages or default_stages
-    check_power_of_two("block_n", block_n, low=16, high=256)
     if split_size is None:
         split_size = _default_split_size(num_seqs, num_kv_heads, max_seq_len, q.device)
+    check_power_of_two("split_size", split_size, low=16, high=1 << 20)
+    # A split shorter than the default tile is one tile of its keys.
+    block_n = block_n or min(default_n, split_size)
+    check_power_of_two("block_n", block_n, low=16, high=256)
     check_power_of_two("split_size", split_size, low=block_n, high=1 << 20)
     num_splits = triton.cdiv(max_seq_len, split_size)
     if grid_splits is None:

@@ -110,16 +110,17 @@ def test_cuda_graphs_on_and_off_give_identical_fp32_tokens(fp32_weights) -> None
 
 def test_decode_context_buckets_at_the_default_context_give_the_eager_bits(fp32_weights) -> None:
     """At the model's default 40,960-token context, decode steps replay the graph of their context bucket
-    (2048, 4096, 8192 here: a step's longest sequence picks it) and give the bits of the eager engine,
+    (512, 4096, 8192 here: a step's longest sequence picks it) and give the bits of the eager engine,
     which launches the decode kernel over the same buckets, and of an engine at max_model_len 8192 (only
-    the grid differs: the split count). Batches of 1-3 run the decode kernel (not the packed rows)."""
+    the grid differs: the split count; one sequence under the 512-key bound takes 32-key splits in all three).
+    Batches of 1-3 run the decode kernel (not the packed rows)."""
     settings = {"max_model_len": None, "num_blocks": 2048}
     graphs = engine("fast", fp32_weights, **settings)
     eager = engine("fast", fp32_weights, enable_cuda_graphs=False, **settings)
     short = engine("fast", fp32_weights, enable_cuda_graphs=False, num_blocks=2048, max_model_len=8192)
     assert graphs.config.max_model_len == 40960 and graphs.runner.graphs.num_graphs > len(graphs.runner.graphs.sizes)
     attention = graphs.runner.attention
-    assert [attention.decode_context(1, n) for n in (300, 3000, 5000)] == [2048, 4096, 8192]
+    assert [attention.decode_context(1, n) for n in (300, 3000, 5000)] == [512, 4096, 8192]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
     for lengths in ([300], [300, 3000], [100, 2100, 5000]):
         prompts = prompts_of(lengths, seed=len(lengths))

@@ -10,6 +10,7 @@ import torch
 import fast.attention
 from fast.attention import PACKED_DECODE_MIN_SEQS, PagedAttention, StepMetadata
 from fast.cuda_graphs import graph_batch_sizes
+from fast.kernels.decode_attention import LAST_PROGRAM_REDUCES_MAX_SPLITS
 from reports.bench.kernels.kernel_reference import reference_causal_attention
 from tests.fast.kernels.reference import DEVICE, assert_close_scaled, build_paged_cache
 from tests.fast.kernels.strategies import seeded_generator
@@ -123,7 +124,7 @@ def test_the_decode_workspace_holds_the_largest_verify_step() -> None:
     verify = PagedAttention(
         4, 2, HEAD_DIM, max_num_seqs=8, max_model_len=1024, device=DEVICE, verify_seqs=8, verify_query_len=5
     )
-    splits = -(-1024 // fast.attention.decode_split_size(8))
+    splits = -(-1024 // fast.attention.decode_split_size(8, 1024))
     assert plain.workspace[1].numel() == 8 * 4 * splits
     assert verify.workspace[1].numel() == 8 * 5 * 4 * splits
 
@@ -141,18 +142,32 @@ def test_the_threshold_is_a_cuda_graph_batch_size(max_batch: int) -> None:
     assert PACKED_DECODE_MIN_SEQS in graph_batch_sizes(max_batch)
 
 
-def test_decode_context_buckets_double_from_2048_up_to_max_model_len() -> None:
-    assert fast.attention.context_buckets(40960) == (2048, 4096, 8192, 16384, 32768, 40960)
-    assert fast.attention.context_buckets(4096) == (2048, 4096)
-    assert fast.attention.context_buckets(3000) == (2048, 3000)
+def test_decode_context_buckets_double_from_512_up_to_max_model_len() -> None:
+    assert fast.attention.context_buckets(40960) == (512, 1024, 2048, 4096, 8192, 16384, 32768, 40960)
+    assert fast.attention.context_buckets(4096, 2048) == (2048, 4096)
+    assert fast.attention.context_buckets(3000, 2048) == (2048, 3000)
     assert fast.attention.context_buckets(100) == (100,)
+
+
+def test_one_sequence_under_a_short_bound_takes_shorter_splits_and_the_workspace_holds_them() -> None:
+    """decode-bs1's few hundred keys spread over 32-key splits (fast.attention, measured there); a batch, or
+    one sequence under a longer bound, keeps 128-key splits. The workspace holds the most partial rows of any
+    step: one sequence's 16 splits at the 512-key bound, where 2048 keys at 128 would make 16 too."""
+    split = fast.attention.decode_split_size
+    assert split(1, 512) < split(2, 512) == split(1, 1024) == fast.attention.SMALL_BATCH_SPLIT_SIZE
+    one = PagedAttention(16, 8, 128, max_num_seqs=1, max_model_len=1024, device=DEVICE, smallest_context=512)
+    assert one.workspace[1].numel() == 16 * (512 // split(1, 512))  # heads x splits: 16 x 16, not 16 x 8
+    assert one.decode_context(1, 300) == 512
+    assert one.counters is not None  # Qwen3-0.6B's groups: the last split program reduces its 16 splits
 
 
 CPU = torch.device("cpu")
 
 
-def test_the_ladder_starts_at_2048_on_cuda_and_at_one_split_in_the_interpreter() -> None:
-    assert fast.attention.MIN_DECODE_CONTEXT == 2048
+def test_the_ladder_starts_where_one_sequence_takes_short_splits_and_at_one_split_in_the_interpreter() -> None:
+    smallest = fast.attention.MIN_DECODE_CONTEXT
+    assert smallest <= fast.attention.SINGLE_SEQUENCE_SPLIT_MAX_CONTEXT  # decode-bs1's bound: 32-key splits
+    assert smallest // fast.attention.decode_split_size(1, smallest) <= LAST_PROGRAM_REDUCES_MAX_SPLITS
     assert PagedAttention(16, 8, 128, 256, 4096, CPU).contexts == (128, 256, 512, 1024, 2048, 4096)
 
 

@@ -45,7 +45,7 @@ def _kernels(num_seqs: int, context: int, generator: torch.Generator):
     paged = paged_cache(num_seqs, context, generator)
     q = queries(num_seqs, generator)
     max_len = paged.block_tables.shape[1] * BLOCK_SIZE
-    split = decode_split_size(num_seqs)
+    split = decode_split_size(num_seqs, max_len)
     workspace = decode_workspace(num_seqs, NUM_Q_HEADS, -(-max_len // split), HEAD_DIM, q.device)
     decode_out, packed_out = torch.empty_like(q), torch.empty_like(q)
     cu = cu_seqlens(num_seqs, 1)
@@ -89,7 +89,7 @@ def run() -> dict[str, object]:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "shape": {"q_heads": NUM_Q_HEADS, "kv_heads": 8, "head_dim": HEAD_DIM, "dtype": "bfloat16"},
-        "decode_split_sizes": {n: decode_split_size(n) for n in BATCHES},
+        "decode_split_sizes": {n: decode_split_size(n, max(CONTEXTS)) for n in BATCHES},
         "packed_decode_min_seqs": PACKED_DECODE_MIN_SEQS,
         "rows": rows,
     }

@@ -111,7 +111,7 @@ def prefill_call(q: torch.Tensor, paged: Paged, q_len: int, tiles: Tiles, out: t
 
 def decode_call(q, paged: Paged):
     max_len = paged.block_tables.shape[1] * BLOCK_SIZE
-    split = decode_split_size(SEQS)
+    split = decode_split_size(SEQS, max_len)
     workspace = decode_workspace(SEQS, NUM_Q_HEADS, -(-max_len // split), HEAD_DIM, q.device)
     out = torch.empty_like(q)
 

@@ -84,6 +84,15 @@ def test_decode_matches_reference_small(dtype: torch.dtype, case: dict, split_si
     _run_case(head_dim=64, dtype=dtype, split_size=split_size, block_n=16, **case)
 
 
+@pytest.mark.parametrize("split_size", [16, 32])
+def test_a_split_shorter_than_the_default_tile_is_one_tile_of_its_keys(split_size: int) -> None:
+    """Head size 128's default tile is 64 keys; a 16- or 32-key split (the engine's one-sequence splits) takes
+    tiles of its own length instead of being refused, and the result still matches the reference: 100 keys over
+    several splits, the last one partial, and a bound past them."""
+    _run_case([100, 37], num_kv_heads=2, group=2, head_dim=128, block_size=16, dtype=torch.float32, seed=3,
+              split_size=split_size, extra_max_len=40)  # fmt: skip
+
+
 @st.composite
 def _verify_cases(draw: st.DrawFn) -> dict:
     """Several queries per sequence (a verify step's chunks), at lengths where a split holds keys that only

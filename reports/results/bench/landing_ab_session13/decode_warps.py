@@ -32,7 +32,7 @@ def compiled_registers() -> list[tuple[int, int, int]]:
 
 def time_decode(q: torch.Tensor, paged: Paged, bound: int, warps: int) -> tuple[float, torch.Tensor]:
     """(microseconds a call, output) of the split kernel at `warps`, as the engine launches it at one sequence."""
-    split = decode_split_size(1)
+    split = decode_split_size(1, bound)  # 128 at this bound, as when it ran
     workspace = decode_workspace(1, q.shape[1], -(-bound // split), HEAD_DIM, q.device)
     reduces_last = q.shape[1] // NUM_KV_HEADS <= LAST_PROGRAM_REDUCES_MAX_GROUP  # as fast.attention decides
     counters = decode_counters(1, NUM_KV_HEADS, q.device) if reduces_last else None
