@@ -102,10 +102,10 @@ LAST_PROGRAM_REDUCES_MAX_GROUP = 2
 # docstring). 512 keys: one sequence's 32-key splits are then 16, so at Qwen3-0.6B's groups the last split
 # program still reduces (LAST_PROGRAM_REDUCES_MAX_SPLITS); with 128-key splits it is 4 splits a sequence.
 MIN_DECODE_CONTEXT = 512
-# On the CPU (Triton's interpreter) the ladder starts at one split: every program of a grid, an empty one
+# On the CPU (Triton's interpreter) the ladder starts at one 128-key split: every program of a grid, an empty one
 # too, runs there in Python (about 10 ms each), and no CUDA graph is captured per bucket. A test's short
-# sequences then launch one split per (sequence, KV head) instead of max_model_len's; the arithmetic is
-# the same (the decode kernel's tests pin it for every bound).
+# sequences then launch one split per (sequence, KV head) instead of max_model_len's, or a lone sequence's four
+# 32-key splits; the arithmetic is the same (the decode kernel's tests pin it for every bound).
 MIN_DECODE_CONTEXT_INTERPRETED = SMALL_BATCH_SPLIT_SIZE
 
 
