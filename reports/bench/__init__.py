@@ -11,6 +11,7 @@
 - `tensor_parallel.py`: the engine on 1 and 2 ranks, and its all-reduce paths (two GPUs).
 - `kernels/`: one Triton kernel (or a few) timed beside torch or cuBLAS.
 - `plan.py`: one device call's steps (a plan file: commands and time limits, as data) run under one budget.
+- `ab.py`: an A/B of engine code trees in one call, one `twinfer bench` process a run, the trees alternating.
 
 Every benchmark writes a JSON record; the committed ones live in reports/results/.
 """
