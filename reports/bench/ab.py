@@ -27,19 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from reports.bench.plan import Step, run_step
 from reports.bench.workloads import WORKLOADS
-
-KILL_AFTER_S = 10.0
-TIMED_OUT = 124
 
 
 @dataclass(frozen=True)
@@ -68,19 +64,10 @@ Runner = Callable[[Sequence[str], Path, Path, float], int]
 
 
 def run_process(command: Sequence[str], cwd: Path, log: Path, limit_s: float) -> int:
-    """The command in its own process group, output to `log`; at the limit SIGTERM, then SIGKILL (status 124)."""
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return process.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=KILL_AFTER_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            return TIMED_OUT
+    """The command as reports.bench.plan runs a step: its own process group, output to `log`; at the limit SIGTERM,
+    then SIGKILL (status 124, or 137)."""
+    step = Step(name=log.stem, command=tuple(command), limit_s=limit_s, cwd=str(cwd))
+    return run_step(step, log, limit_s, os.environ, {})
 
 
 def run_order(trees: Sequence[Tree], rounds: int) -> list[tuple[int, Tree]]:

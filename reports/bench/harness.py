@@ -500,22 +500,22 @@ def phase_metrics(runs: list[PhaseRun], independent: bool = False) -> dict[str, 
     each run's median over requests. The one run: with independent runs (each on a fresh engine) the run of median
     wall time (the slower middle one of an even count), otherwise the first (the only one that found no prompt of
     the phase cached)."""
-    first = sorted(runs, key=lambda run: run.wall_s)[len(runs) // 2] if independent else runs[0]
-    prompt_tokens = sum(r.num_prompt_tokens for r in first.requests)
-    cached = [r.num_cached_prompt_tokens for r in first.requests]
+    chosen = sorted(runs, key=lambda run: run.wall_s)[len(runs) // 2] if independent else runs[0]
+    prompt_tokens = sum(r.num_prompt_tokens for r in chosen.requests)
+    cached = [r.num_cached_prompt_tokens for r in chosen.requests]
     cached_total = None if any(c is None for c in cached) else sum(cached)
-    first_tokens = [r.first_token_s for r in first.requests]
+    first_tokens = [r.first_token_s for r in chosen.requests]
     prefill_s = None if any(t is None for t in first_tokens) else max(first_tokens)
     tpot_runs = [_median_tpot(run) for run in runs]
     tpot = statistics.median(tpot_runs) if all(t is not None for t in tpot_runs) else None
     full_batch_steps = [s for run in runs for s in run.full_batch_decode_step_s]
     return {
-        "throughput_run": runs.index(first),
-        "wall_s": first.wall_s,
-        "num_requests": len(first.requests),
+        "throughput_run": runs.index(chosen),
+        "wall_s": chosen.wall_s,
+        "num_requests": len(chosen.requests),
         "prompt_tokens": prompt_tokens,
-        "output_tokens": first.num_output_tokens,
-        "output_tokens_per_s": first.num_output_tokens / first.wall_s,
+        "output_tokens": chosen.num_output_tokens,
+        "output_tokens_per_s": chosen.num_output_tokens / chosen.wall_s,
         "prompt_tokens_served_from_cache": cached_total,
         "prompt_tokens_computed": None if cached_total is None else prompt_tokens - cached_total,
         "time_to_first_token_s_median": None if prefill_s is None else statistics.median(first_tokens),
@@ -526,7 +526,7 @@ def phase_metrics(runs: list[PhaseRun], independent: bool = False) -> dict[str, 
         "tokens_per_s_per_request_from_tpot": None if not tpot else 1 / tpot,
         "full_batch_decode_step_s_median": statistics.median(full_batch_steps) if full_batch_steps else None,
         "num_full_batch_decode_steps": len(full_batch_steps),
-        "engine_step_timings": first.engine_step_timings,
+        "engine_step_timings": chosen.engine_step_timings,
     }
 
 
