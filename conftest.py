@@ -92,7 +92,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
     if HAS_CUDA:
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-        items[:] = large_gpu_tests_first(items, workers, min(workers, GPU_TEST_SLOTS))
+        from tests.gpu_sharing import gpu_alone_tests_last
+
+        items[:] = gpu_alone_tests_last(large_gpu_tests_first(items, workers, min(workers, GPU_TEST_SLOTS)))
 
 
 # At most this many `large_gpu` tests run at once, whatever the number of pytest-xdist workers: at the 0.6B shape
@@ -154,6 +156,24 @@ def pytest_runtest_teardown(item: pytest.Item):
     elif torch.cuda.memory_reserved() > KEEP_CACHED_BYTES:
         torch.cuda.empty_cache()
     return result
+
+
+@pytest.fixture(autouse=True)
+def gpu_shared_or_alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """On CUDA with several pytest-xdist workers, every test holds the GPU shared, and a `gpu_alone` test holds it
+    alone (tests/gpu_sharing.py: a test of sizing from the device's free memory must not see the other workers'
+    engines grow under it). Defined before gpu_test_slot, so it is taken first and let go last. Elsewhere, nothing."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not HAS_CUDA or workers <= 1:
+        yield
+        return
+    from tests.gpu_sharing import gpu_alone, gpu_shared
+
+    # The run's shared temporary root (pytest-xdist workers share the parent of their basetemp).
+    directory = tmp_path_factory.getbasetemp().parent / "gpu-sharing"
+    hold = gpu_alone if "gpu_alone" in request.keywords else gpu_shared
+    with hold(directory):
+        yield
 
 
 @pytest.fixture(autouse=True)
