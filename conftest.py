@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 
 # Triton's interpreter computes tl.dot with numpy's matmul, that is OpenBLAS. The sgemm kernel
 # OpenBLAS picks on AMD Zen CPUs (its "Haswell" kernel) rounds rows 6-11 of every 12-row block
@@ -158,6 +159,27 @@ def pytest_runtest_teardown(item: pytest.Item):
     return result
 
 
+# Where gpu_shared_or_alone's lock files are, on each test that holds the GPU through them.
+GPU_SHARING_DIRECTORY = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failure of a test that held the GPU beside other workers carries a "GPU holders" section: each process
+    holding the GPU as it failed, by PID, and its test (tests/gpu_sharing.py). CUDA's out-of-memory message names
+    the processes by PID only; a pool that did not fit named nobody (run_b6e0169/)."""
+    report = yield
+    directory = item.stash.get(GPU_SHARING_DIRECTORY, None)
+    if report.failed and directory is not None:
+        from tests.gpu_sharing import holders
+
+        report.sections.append((GPU_HOLDERS_SECTION, holders(directory)))
+    return report
+
+
+GPU_HOLDERS_SECTION = "GPU holders"
+
+
 @pytest.fixture(autouse=True)
 def gpu_shared_or_alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """On CUDA with several pytest-xdist workers, every test holds the GPU shared, and a `gpu_alone` test holds it
@@ -167,12 +189,13 @@ def gpu_shared_or_alone(request: pytest.FixtureRequest, tmp_path_factory: pytest
     if not HAS_CUDA or workers <= 1:
         yield
         return
-    from tests.gpu_sharing import gpu_alone, gpu_shared
+    from tests.gpu_sharing import gpu_alone, gpu_shared, named_holder
 
     # The run's shared temporary root (pytest-xdist workers share the parent of their basetemp).
     directory = tmp_path_factory.getbasetemp().parent / "gpu-sharing"
     hold = gpu_alone if "gpu_alone" in request.keywords else gpu_shared
-    with hold(directory):
+    request.node.stash[GPU_SHARING_DIRECTORY] = directory
+    with hold(directory), named_holder(directory, request.node.nodeid):
         yield
 
 
@@ -248,7 +271,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get("TWINFER_FAILURE_LOG")
     if path and report.failed:
         with open(path, "a", encoding="utf-8") as log:
-            log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+            held = "".join(f"---- {title}\n{text}\n" for title, text in report.sections if title == GPU_HOLDERS_SECTION)
+            log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n{held}\n")
     path = os.environ.get("TWINFER_DURATION_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as log:

@@ -14,11 +14,16 @@ Two flock'd files in a directory the workers share (a lock frees itself when its
   a `gpu_alone` test holds it while it waits for `gpu`. Once an alone test waits, no new test starts, and the
   running ones end: without it, tests that start one after another on seven workers could keep `gpu` shared
   forever.
+
+Each holder also names itself in `holders/PID` (its test's node id) while it holds the GPU, so that a test that runs
+out of memory can say which tests held the device then (`holders`): CUDA's out-of-memory message lists each
+process's memory by PID, but not what that process was running.
 """
 
 from __future__ import annotations
 
 import fcntl
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +31,7 @@ from typing import Protocol, TypeVar
 
 GPU_LOCK = "gpu"
 TURNSTILE = "turnstile"
+HOLDERS = "holders"
 
 
 class _Marked(Protocol):
@@ -61,6 +67,31 @@ def gpu_alone(directory: Path) -> Iterator[None]:
     directory.mkdir(parents=True, exist_ok=True)
     with _locked(directory / TURNSTILE, fcntl.LOCK_EX), _locked(directory / GPU_LOCK, fcntl.LOCK_EX):
         yield
+
+
+@contextmanager
+def named_holder(directory: Path, test: str) -> Iterator[None]:
+    """`test` written to `holders/PID` (this process's) while the block runs."""
+    path = directory / HOLDERS / str(os.getpid())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(test)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def holders(directory: Path) -> str:
+    """One line per process holding the GPU now: its PID and its test, in PID order."""
+    folder = directory / HOLDERS
+    entries = sorted(folder.iterdir(), key=lambda path: int(path.name)) if folder.is_dir() else []
+    lines = []
+    for path in entries:
+        try:
+            lines.append(f"{path.name} {path.read_text()}")
+        except FileNotFoundError:  # its test ended while this looked
+            continue
+    return "\n".join(lines)
 
 
 def gpu_alone_tests_last(items: Sequence[Item]) -> list[Item]:

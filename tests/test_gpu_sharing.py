@@ -4,13 +4,14 @@ locks belong to the open file, so they exclude each other as processes would."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from tests.gpu_sharing import gpu_alone, gpu_alone_tests_last, gpu_shared
+from tests.gpu_sharing import gpu_alone, gpu_alone_tests_last, gpu_shared, holders, named_holder
 
 
 def _holder(name: str, hold: AbstractContextManager[None], events: list[str], release: threading.Event) -> Callable:
@@ -79,3 +80,10 @@ class _Item:
 def test_the_alone_tests_go_last_and_the_others_keep_their_order() -> None:
     items = [_Item("a"), _Item("sizing", "gpu_alone"), _Item("b", "large_gpu"), _Item("c"), _Item("d", "gpu_alone")]
     assert [item.name for item in gpu_alone_tests_last(items)] == ["a", "b", "c", "sizing", "d"]
+
+
+def test_holders_name_each_process_test_while_it_holds(tmp_path: Path) -> None:
+    assert holders(tmp_path) == ""
+    with gpu_shared(tmp_path), named_holder(tmp_path, "tests/a.py::test_one"):
+        assert holders(tmp_path) == f"{os.getpid()} tests/a.py::test_one"
+    assert holders(tmp_path) == ""
