@@ -144,17 +144,17 @@ def pytest_runtest_teardown(item: pytest.Item):
     workers share the GPU: memory one worker's finished tests still held counted as used for every other
     worker's engines. A garbage collection first (an engine dropped in a reference cycle holds its pool until
     collected) and the cache emptied after `large_gpu` tests, whose engines hold GiBs; after other tests only
-    when the cache holds more than KEEP_CACHED_BYTES. After every test it cost about 0.35 s, 416 s of teardowns
+    when the cache holds more than KEEP_CACHED_BYTES (the collection too: an engine of a test that is not
+    `large_gpu`, left in a reference cycle, held 80 GiB for the rest of its worker's tests, run_0f2cca6/).
+    After every test it cost about 0.35 s, 416 s of teardowns
     against 2,554 s of calls on one H200 (reports/results/fast_gpu/suite_alone/run_337079b/durations.txt)."""
     result = yield  # the test's fixtures are torn down first
     if not HAS_CUDA:
         return result
-    if "large_gpu" in item.keywords:
+    if "large_gpu" in item.keywords or torch.cuda.memory_reserved() > KEEP_CACHED_BYTES:
         import gc
 
         gc.collect()
-        torch.cuda.empty_cache()
-    elif torch.cuda.memory_reserved() > KEEP_CACHED_BYTES:
         torch.cuda.empty_cache()
     return result
 
