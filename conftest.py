@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 
 # Triton's interpreter computes tl.dot with numpy's matmul, that is OpenBLAS. The sgemm kernel
 # OpenBLAS picks on AMD Zen CPUs (its "Haswell" kernel) rounds rows 6-11 of every 12-row block
@@ -92,7 +93,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
     if HAS_CUDA:
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-        items[:] = large_gpu_tests_first(items, workers, min(workers, GPU_TEST_SLOTS))
+        from tests.gpu_sharing import gpu_alone_tests_last
+
+        items[:] = gpu_alone_tests_last(large_gpu_tests_first(items, workers, min(workers, GPU_TEST_SLOTS)))
 
 
 # At most this many `large_gpu` tests run at once, whatever the number of pytest-xdist workers: at the 0.6B shape
@@ -141,19 +144,59 @@ def pytest_runtest_teardown(item: pytest.Item):
     workers share the GPU: memory one worker's finished tests still held counted as used for every other
     worker's engines. A garbage collection first (an engine dropped in a reference cycle holds its pool until
     collected) and the cache emptied after `large_gpu` tests, whose engines hold GiBs; after other tests only
-    when the cache holds more than KEEP_CACHED_BYTES. After every test it cost about 0.35 s, 416 s of teardowns
+    when the cache holds more than KEEP_CACHED_BYTES (the collection too: an engine of a test that is not
+    `large_gpu`, left in a reference cycle, held 80 GiB for the rest of its worker's tests, run_0f2cca6/).
+    After every test it cost about 0.35 s, 416 s of teardowns
     against 2,554 s of calls on one H200 (reports/results/fast_gpu/suite_alone/run_337079b/durations.txt)."""
     result = yield  # the test's fixtures are torn down first
     if not HAS_CUDA:
         return result
-    if "large_gpu" in item.keywords:
+    if "large_gpu" in item.keywords or torch.cuda.memory_reserved() > KEEP_CACHED_BYTES:
         import gc
 
         gc.collect()
         torch.cuda.empty_cache()
-    elif torch.cuda.memory_reserved() > KEEP_CACHED_BYTES:
-        torch.cuda.empty_cache()
     return result
+
+
+# Where gpu_shared_or_alone's lock files are, on each test that holds the GPU through them.
+GPU_SHARING_DIRECTORY = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failure of a test that held the GPU beside other workers carries a "GPU holders" section: each process
+    holding the GPU as it failed, by PID, and its test (tests/gpu_sharing.py). CUDA's out-of-memory message names
+    the processes by PID only; a pool that did not fit named nobody (run_b6e0169/)."""
+    report = yield
+    directory = item.stash.get(GPU_SHARING_DIRECTORY, None)
+    if report.failed and directory is not None:
+        from tests.gpu_sharing import holders
+
+        report.sections.append((GPU_HOLDERS_SECTION, holders(directory)))
+    return report
+
+
+GPU_HOLDERS_SECTION = "GPU holders"
+
+
+@pytest.fixture(autouse=True)
+def gpu_shared_or_alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """On CUDA with several pytest-xdist workers, every test holds the GPU shared, and a `gpu_alone` test holds it
+    alone (tests/gpu_sharing.py: a test of sizing from the device's free memory must not see the other workers'
+    engines grow under it). Defined before gpu_test_slot, so it is taken first and let go last. Elsewhere, nothing."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not HAS_CUDA or workers <= 1:
+        yield
+        return
+    from tests.gpu_sharing import gpu_alone, gpu_shared, named_holder
+
+    # The run's shared temporary root (pytest-xdist workers share the parent of their basetemp).
+    directory = tmp_path_factory.getbasetemp().parent / "gpu-sharing"
+    hold = gpu_alone if "gpu_alone" in request.keywords else gpu_shared
+    request.node.stash[GPU_SHARING_DIRECTORY] = directory
+    with hold(directory), named_holder(directory, request.node.nodeid):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -228,7 +271,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get("TWINFER_FAILURE_LOG")
     if path and report.failed:
         with open(path, "a", encoding="utf-8") as log:
-            log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+            held = "".join(f"---- {title}\n{text}\n" for title, text in report.sections if title == GPU_HOLDERS_SECTION)
+            log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n{held}\n")
     path = os.environ.get("TWINFER_DURATION_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as log:

@@ -114,10 +114,12 @@ def test_decode_context_buckets_at_the_default_context_give_the_eager_bits(fp32_
     which launches the decode kernel over the same buckets, and of an engine at max_model_len 8192 (only
     the grid differs: the split count; one sequence under the 512-key bound takes 32-key splits in all three).
     Batches of 1-3 run the decode kernel (not the packed rows)."""
-    settings = {"max_model_len": None, "num_blocks": 2048}
+    # 512 blocks hold the largest batch here (7,224 tokens in 452 blocks). The three engines' pools live side by side:
+    # at 2048 blocks each they held 22 GiB in fp32, and a worker beside them left this one too little (run_b6e0169/).
+    settings = {"max_model_len": None, "num_blocks": 512}
     graphs = engine("fast", fp32_weights, **settings)
     eager = engine("fast", fp32_weights, enable_cuda_graphs=False, **settings)
-    short = engine("fast", fp32_weights, enable_cuda_graphs=False, num_blocks=2048, max_model_len=8192)
+    short = engine("fast", fp32_weights, enable_cuda_graphs=False, num_blocks=512, max_model_len=8192)
     assert graphs.config.max_model_len == 40960 and graphs.runner.graphs.num_graphs > len(graphs.runner.graphs.sizes)
     attention = graphs.runner.attention
     assert [attention.decode_context(1, n) for n in (300, 3000, 5000)] == [512, 4096, 8192]

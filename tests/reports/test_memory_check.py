@@ -283,12 +283,14 @@ def test_the_command_refuses_what_it_cannot_measure(
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone
 def test_real_figures_on_a_gpu() -> None:
     """The harness on CUDA with the real probe: figures exist and are consistent (the targets are
-    for the H200 run of the command, not for this test). Other pytest workers may share the GPU, and the
-    pool is sized from the device's free memory, so its allowance is what the device uses now plus
-    16 GiB: room for a small pool whatever the others hold (they may grow by a few GiB while this engine
-    is built), without taking the memory they need."""
+    for the H200 run of the command, not for this test). The pool is sized from the device's free memory,
+    which counts the other pytest workers' memory too, so its allowance is what the device uses now plus
+    16 GiB: room for a small pool whatever the others hold, without taking the memory they need. They hold
+    it still: the test runs with the GPU to itself (`gpu_alone`). Beside seven running workers their engines
+    grew past the margin while this engine was built, three times in whole-suite runs (tests/gpu_sharing.py)."""
     device = torch.device("cuda")
     free, total = torch.cuda.mem_get_info(device)
     allowance = min(0.95, (total - free + 16 * 2**30) / total)
@@ -302,11 +304,9 @@ def test_real_figures_on_a_gpu() -> None:
     assert budget["peak_reserved_bytes"] >= budget["pool_bytes"] and budget["outside_allocator_bytes"] > 0
     assert peaks["sampled_num_samples"] >= 2
     # The device's used memory counts the other workers' too (outside_allocator_bytes: the probe sees the whole
-    # GPU). When they grow past this engine's allowance the limit leaves the pool nothing (run_93eed78 saw it):
-    # then there is no fraction to score and the verdict must say the target is not met, not pass on a None.
-    if budget["pool_fraction"] is None:
-        assert budget["allowed_for_kv_bytes"] <= 0 and record["verdicts"]["pool_fraction_meets_target"] is False
-    else:
-        assert budget["pool_fraction"] == budget["pool_bytes"] / budget["allowed_for_kv_bytes"] > 0
+    # GPU), but with the GPU to itself nothing grows past the allowance (it did at run_93eed78, before gpu_alone):
+    # the limit leaves the pool room, so there is a fraction to score. A limit that leaves it none is a verdict
+    # of its own, tested on the CPU above.
+    assert budget["pool_fraction"] == budget["pool_bytes"] / budget["allowed_for_kv_bytes"] > 0
     assert all(run["engine_after_run"]["empty"] for run in record["runs"])
     assert set(record["verdicts"]) >= {"pool_fraction_meets_target", "no_leak", "passed"}

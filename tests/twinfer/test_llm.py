@@ -117,7 +117,12 @@ def test_generate_returns_an_unsampleable_request_with_its_error_beside_the_othe
     tiny_checkpoint: Path, engine: str
 ) -> None:
     """No exception: the request whose logits turn NaN ends with "error" and says why; the others are as usual."""
-    llm = LLM(tiny_checkpoint, engine=engine, dtype="float32", device="cpu" if engine == "reference" else FAST_DEVICE)
+    # num_blocks: on CUDA the pool would be sized from the GPU memory the other pytest workers share. Sized so, it
+    # took 80 GiB beside seven workers and held it after the test (plant_non_finite's closures keep the engine in a
+    # reference cycle): five tests of other workers ran out of memory (reports/results/fast_gpu/suite_and_report/
+    # run_0f2cca6/, whose "GPU holders" named this worker's process).
+    device = "cpu" if engine == "reference" else FAST_DEVICE
+    llm = LLM(tiny_checkpoint, engine=engine, dtype="float32", device=device, engine_config=EngineConfig(num_blocks=64))
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
     clean = llm.generate([[1, 2, 3], [7, 8, 9]], params)
     plant_non_finite(llm.engine, "nan", 2, lambda request: request.prompt_token_ids[0] == 7)
