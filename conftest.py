@@ -189,14 +189,19 @@ def gpu_shared_or_alone(request: pytest.FixtureRequest, tmp_path_factory: pytest
     if not HAS_CUDA or workers <= 1:
         yield
         return
-    from tests.gpu_sharing import gpu_alone, gpu_shared, named_holder
+    from tests.gpu_sharing import gpu_alone, gpu_shared, named_holder, refuse_whole_gpu_pools
 
     # The run's shared temporary root (pytest-xdist workers share the parent of their basetemp).
     directory = tmp_path_factory.getbasetemp().parent / "gpu-sharing"
-    hold = gpu_alone if "gpu_alone" in request.keywords else gpu_shared
+    alone = "gpu_alone" in request.keywords
     request.node.stash[GPU_SHARING_DIRECTORY] = directory
-    with hold(directory), named_holder(directory, request.node.nodeid):
-        yield
+    with (gpu_alone if alone else gpu_shared)(directory), named_holder(directory, request.node.nodeid):
+        if alone:
+            yield
+            return
+        with pytest.MonkeyPatch.context() as patch:
+            refuse_whole_gpu_pools(patch)
+            yield
 
 
 @pytest.fixture(autouse=True)

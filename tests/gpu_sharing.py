@@ -27,7 +27,12 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+import pytest
+
+if TYPE_CHECKING:
+    from spec.engine_config import EngineConfig
 
 GPU_LOCK = "gpu"
 TURNSTILE = "turnstile"
@@ -92,6 +97,41 @@ def holders(directory: Path) -> str:
         except FileNotFoundError:  # its test ended while this looked
             continue
     return "\n".join(lines)
+
+
+# The most of the GPU's memory a test holding the GPU shared may let the fast engine size its KV pool from
+# (EngineConfig.gpu_memory_utilization with num_blocks None). The default, 0.9, takes what the other workers do not
+# hold at that moment: 70 and 80 GiB in whole-suite runs on one H200, which starved other workers' tests
+# (reports/results/fast_gpu/suite_and_report/run_4b66ce7_oom/, run_0f2cca6/). A test of small fractions (an
+# engine refused for too little memory) stays below it.
+SHARED_POOL_UTILIZATION = 0.1
+
+
+def whole_gpu_pool(num_blocks: int | None, gpu_memory_utilization: float) -> str | None:
+    """Why a test holding the GPU shared may not build a pool so, or None where it may."""
+    if num_blocks is not None or gpu_memory_utilization <= SHARED_POOL_UTILIZATION:
+        return None
+    return (
+        f"a fast engine sized its KV pool from gpu_memory_utilization {gpu_memory_utilization} of a GPU that other "
+        "pytest workers share (it takes what they do not hold, tens of GiB): give the test's engine num_blocks, or "
+        "mark the test gpu_alone (tests/gpu_sharing.py)"
+    )
+
+
+def refuse_whole_gpu_pools(patch: pytest.MonkeyPatch) -> None:
+    """While `patch` holds, a fast engine that would size its KV pool from most of the GPU (whole_gpu_pool) fails the
+    test building it, naming why. conftest.py sets it for every test holding the GPU shared."""
+    from fast.model_runner import ModelRunner
+
+    pool_blocks = ModelRunner._pool_blocks
+
+    def checked(self: ModelRunner, requested: EngineConfig, settings: EngineConfig) -> int | None:
+        problem = whole_gpu_pool(requested.num_blocks, requested.gpu_memory_utilization)
+        if problem is not None:
+            pytest.fail(problem)
+        return pool_blocks(self, requested, settings)
+
+    patch.setattr(ModelRunner, "_pool_blocks", checked)
 
 
 def gpu_alone_tests_last(items: Sequence[Item]) -> list[Item]:

@@ -11,7 +11,19 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from tests.gpu_sharing import gpu_alone, gpu_alone_tests_last, gpu_shared, holders, named_holder
+import pytest
+import torch
+
+from tests.gpu_sharing import (
+    SHARED_POOL_UTILIZATION,
+    gpu_alone,
+    gpu_alone_tests_last,
+    gpu_shared,
+    holders,
+    named_holder,
+    refuse_whole_gpu_pools,
+    whole_gpu_pool,
+)
 
 
 def _holder(name: str, hold: AbstractContextManager[None], events: list[str], release: threading.Event) -> Callable:
@@ -87,3 +99,27 @@ def test_holders_name_each_process_test_while_it_holds(tmp_path: Path) -> None:
     with gpu_shared(tmp_path), named_holder(tmp_path, "tests/a.py::test_one"):
         assert holders(tmp_path) == f"{os.getpid()} tests/a.py::test_one"
     assert holders(tmp_path) == ""
+
+
+def test_a_shared_holder_may_not_size_a_pool_from_most_of_the_gpu() -> None:
+    assert whole_gpu_pool(64, 0.9) is None  # an explicit pool
+    assert whole_gpu_pool(None, 0.05) is None  # a small fraction (the engine's too-little-memory errors)
+    assert whole_gpu_pool(None, SHARED_POOL_UTILIZATION) is None
+    problem = whole_gpu_pool(None, 0.9)
+    assert problem is not None and "gpu_memory_utilization 0.9" in problem and "num_blocks" in problem
+
+
+def test_an_engine_sizing_its_pool_from_most_of_the_gpu_fails_its_test(tiny_weights) -> None:
+    """refuse_whole_gpu_pools as conftest sets it for a test holding the GPU shared: the runner's pool sizing is
+    checked before it runs (on the CPU, where it would size nothing, the check is the same)."""
+    from fast.model_runner import ModelRunner
+    from spec.engine_config import EngineConfig
+    from tests.engines import FAST_DEVICE
+
+    config, state_dict = tiny_weights
+    with pytest.MonkeyPatch.context() as patch:
+        refuse_whole_gpu_pools(patch)
+        with pytest.raises(pytest.fail.Exception, match="gpu_memory_utilization 0.9 of a GPU that other"):
+            ModelRunner(config, state_dict, EngineConfig(), torch.float32, torch.device(FAST_DEVICE))
+        runner = ModelRunner(config, state_dict, EngineConfig(num_blocks=16), torch.float32, torch.device(FAST_DEVICE))
+        assert runner.config.num_blocks == 16
