@@ -157,7 +157,8 @@ class PagedAttention:
         verify_seqs: int = 0,
         verify_query_len: int = 1,
     ) -> None:
-        """pdl: the decode kernels launch with programmatic dependent launch (fast/kernels/pdl.py).
+        """pdl: the attention kernels (decode and prefill) launch with programmatic dependent launch
+        (fast/kernels/pdl.py).
         smallest_context: the first decode context bucket; None: the device's (MIN_DECODE_CONTEXT on CUDA,
         MIN_DECODE_CONTEXT_INTERPRETED elsewhere).
         verify_seqs, verify_query_len: the largest verify step of padded chunks (speculative decoding's
@@ -270,4 +271,5 @@ class StepAttention:
             pack_gqa=packed,
             block_m=INVARIANT_BLOCK_M if packed else None,
             block_n=INVARIANT_BLOCK_N if packed else None,
+            pdl=backend.pdl,
         )

@@ -46,6 +46,7 @@ from fast.kernels._checks import (
     check_tensor,
     output_like,
 )
+from fast.kernels.pdl import wait_then_release
 
 _LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); the kernels use exp2
 
@@ -132,7 +133,9 @@ def _prefill_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     ALWAYS_MASK: tl.constexpr,
     PACK_GQA: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
     m_block = num_m_blocks - 1 - tl.program_id(1)  # heavy (late) query blocks first
     seq = tl.program_id(2)
     lanes = tl.arange(0, BLOCK_M)
@@ -277,6 +280,7 @@ def prefill_attention(
     out: torch.Tensor | None = None,
     always_mask: bool = False,
     pack_gqa: bool = False,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Causal attention of packed queries over their paged caches; returns [num_tokens, num_q_heads, head_dim].
 
@@ -284,6 +288,7 @@ def prefill_attention(
         depend on where its query block starts (batch-invariant mode; slower).
     pack_gqa: a program's rows are (token, head) pairs of one KV head's query heads (block_m must
         hold a whole group): a one-token query fills group_size rows of the tile instead of one.
+    pdl: launch with programmatic dependent launch (fast/kernels/pdl.py): the same bits; CUDA on Hopper only.
 
     max_seqlen_q: host-known maximum of the q lengths (sizes the grid; no device sync).
     Requirements not checked (they would need a sync): cu_seqlens_q is non-decreasing with
@@ -340,7 +345,9 @@ def prefill_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         ALWAYS_MASK=always_mask,
         PACK_GQA=pack_gqa,
+        USE_PDL=pdl,
         num_warps=num_warps or default_warps,
         num_stages=num_stages or default_stages,
+        launch_pdl=pdl,
     )
     return out

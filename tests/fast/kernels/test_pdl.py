@@ -7,15 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fast.attention import INVARIANT_BLOCK_M, INVARIANT_BLOCK_N
 from fast.kernels.add_rmsnorm import add_rmsnorm
 from fast.kernels.decode_attention import decode_attention
 from fast.kernels.gemv import small_batch_linear
 from fast.kernels.matmul import invariant_linear, matmul_counters
 from fast.kernels.pdl import check_pdl_device
+from fast.kernels.prefill_attention import prefill_attention
 from fast.kernels.qk_norm_rope import qk_norm_rope_store_kv_
 from fast.kernels.silu_and_mul import silu_and_mul
 from spec.errors import ConfigError
-from tests.fast.kernels.reference import build_cos_sin_cache
+from tests.fast.kernels.reference import build_cos_sin_cache, build_paged_cache
+from tests.fast.kernels.strategies import seeded_generator
 
 
 def test_a_cpu_device_is_refused() -> None:
@@ -131,3 +134,37 @@ def test_invariant_matmul_gives_the_same_bits_with_pdl(width: int, depth: int) -
             kwargs = {"split": split, "counters": counters if with_counters else None}
             assert torch.equal(invariant_linear(x, weight, pdl=True, **kwargs), expected), (rows, kwargs)
     assert not counters.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("packed", [False, True], ids=["default-tiles", "invariant-mode-tiles"])
+def test_prefill_attention_gives_the_same_bits_with_pdl(dtype: torch.dtype, packed: bool) -> None:
+    """Prefill attention with programmatic dependent launch: a mixed batch (a whole prompt, a chunk after a cached
+    prefix, a decode row) and batch-invariant mode's packed decode step, eager and replayed from a CUDA graph after
+    the kernel before it (qk_norm_rope_store_kv_'s place in a layer is taken by a PDL add_rmsnorm here): the same
+    bits as without."""
+    check_pdl_device(torch.device("cuda"))
+    tiles = {"pack_gqa": True, "block_m": INVARIANT_BLOCK_M, "block_n": INVARIANT_BLOCK_N, "always_mask": True}
+    tiles = tiles if packed else {}
+    generator = seeded_generator(11)
+    seq_lens, q_lens = ([300, 170, 41], [300, 64, 1]) if not packed else ([300, 170, 41], [1, 1, 1])
+    cache = build_paged_cache(seq_lens, 16, KV_HEADS, HEAD_DIM, dtype, generator)
+    q = torch.randn((sum(q_lens), HEADS, HEAD_DIM), generator=generator).to(dtype).to("cuda")
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    residual, norm = torch.zeros_like(q.view(q.shape[0], -1)), torch.ones(HEADS * HEAD_DIM, dtype=dtype, device="cuda")
+
+    def chain(pdl: bool) -> torch.Tensor:
+        normed, _ = add_rmsnorm(q.view(q.shape[0], -1), residual, norm, 1e-6, pdl=pdl)
+        args = (cache.seq_lens, cache.block_tables, cache.k_cache, cache.v_cache, HEAD_DIM**-0.5, max(q_lens))
+        return prefill_attention(normed.view_as(q), cu, *args, pdl=pdl, **tiles)
+
+    expected = chain(pdl=False)
+    assert torch.equal(chain(pdl=True), expected)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain(pdl=True)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected)
