@@ -58,8 +58,9 @@ dtypes only, so a call can be captured in a CUDA graph.
 
 In the engine: fast/model.py (small_batch_dispatch_linear) sends the qkv, o_proj, gate_up and down
 projections of a step with at most SMALL_BATCH_ROWS (= MAX_GEMV_ROWS) rows here, on CUDA outside
-batch-invariant mode (fast.model_runner.small_batch_gemv_enabled), and everything larger, and the
-LM head (a vocabulary shape not yet measured), to cuBLAS. silu_mul_linear is not used by the engine.
+batch-invariant mode (fast.model_runner.small_batch_gemv_enabled), and everything larger to cuBLAS. The LM
+head of such a step runs this module's tile loop (gemv_tile) in fast/kernels/lm_head_argmax.py, which also
+finds each row's greedy token. silu_mul_linear is not used by the engine.
 """
 
 from __future__ import annotations
