@@ -117,14 +117,11 @@ def _gemv_kernel(
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # weight rows = output columns
-    rows = tl.arange(0, BLOCK_M)  # rows of x (M <= BLOCK_M: one tile)
+    acc, cols, rows = gemv_tile(
+        x_ptr, w_ptr, M, N, K, x_row_stride, SILU_MUL, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION
+    )  # fmt: skip
     col_valid = cols < N
     row_valid = rows < M
-    acc = gemv_tile(
-        x_ptr, w_ptr, cols, rows, M, N, K, x_row_stride, SILU_MUL, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
-        DOT_PRECISION,
-    )  # fmt: skip
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_valid, other=0.0).to(tl.float32)[:, None]
     # acc[n, m] -> out[m, n] at m * out_row_stride + n.
@@ -141,8 +138,6 @@ def _gemv_kernel(
 def gemv_tile(
     x_ptr,
     w_ptr,
-    cols,  # [BLOCK_N]: the weight rows (output columns) of this program's tile
-    rows,  # [BLOCK_M]: tl.arange(0, BLOCK_M), the rows of x
     M,
     N,
     K,
@@ -155,9 +150,12 @@ def gemv_tile(
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """fp32 acc [BLOCK_N, BLOCK_M] = weight[cols, :] @ x[rows, :]^T: the whole K loop of one program, shared by
-    every kernel that reads a weight slab once (this module's, fast/kernels/lm_head_argmax.py's); the epilogue
-    (bias, store, fused work) is the caller's."""
+    """(acc, cols, rows): fp32 acc [BLOCK_N, BLOCK_M] = weight[cols, :] @ x[rows, :]^T for this program's weight rows
+    cols [BLOCK_N] (= its output columns) and rows = tl.arange(0, BLOCK_M) of x (M <= BLOCK_M: one tile). The whole
+    K loop of one program, shared by every kernel that reads a weight slab once (this module's,
+    fast/kernels/lm_head_argmax.py's); the epilogue (bias, store, fused work) is the caller's."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
     depth = tl.arange(0, BLOCK_K)
     col_valid = cols < N
     row_valid = rows < M
@@ -201,7 +199,7 @@ def gemv_tile(
             acc += tl.sum(product, axis=2)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    return acc
+    return acc, cols, rows
 
 
 @triton.jit

@@ -110,15 +110,13 @@ def _lm_head_argmax_kernel(
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
+    # cols: this program's weight rows = vocabulary indices; rows: x's.
+    acc, cols, rows = gemv_tile(
+        x_ptr, w_ptr, M, N, K, x_row_stride, False, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION
+    )  # fmt: skip
     program = tl.program_id(0)
-    cols = program * BLOCK_N + tl.arange(0, BLOCK_N)  # weight rows = vocabulary indices
-    rows = tl.arange(0, BLOCK_M)
     col_valid = cols < N
     row_valid = rows < M
-    acc = gemv_tile(
-        x_ptr, w_ptr, cols, rows, M, N, K, x_row_stride, False, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
-        DOT_PRECISION,
-    )  # fmt: skip
     # acc[n, m] -> logits[m, n], the fp32 accumulator as it is (the head's logits are fp32 anyway).
     valid = col_valid[:, None] & row_valid[None, :]
     tl.store(logits_ptr + rows.to(tl.int64)[None, :] * logits_row_stride + cols[:, None], acc, mask=valid)

@@ -16,7 +16,7 @@ import torch
 
 from fast.kernels.lm_head_argmax import LmHeadResult, lm_head_argmax, lm_head_programs, lm_head_workspace
 from fast.kernels.pdl import pdl_unsupported
-from tests.fast.kernels.reference import DEVICE, assert_close_scaled, poisoned_like
+from tests.fast.kernels.reference import DEVICE, assert_close_scaled, gpu_bf16_random, poisoned_like
 from tests.fast.kernels.strategies import CPU_DTYPES, seeded_generator
 
 # Narrow tiles and chunks: 19 programs of 2 columns for N = 37, their partials reduced 4 at a time (5 chunks).
@@ -219,20 +219,16 @@ def test_bad_input(what: str, error: type[Exception], call: Callable[[], object]
 HEAD_SHAPES = [(151936, 1024), (151936, 4096)]
 
 
-def _gpu_random(shape: tuple[int, ...], generator: torch.Generator, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(shape, device="cuda", generator=generator) * scale).to(torch.bfloat16)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", HEAD_SHAPES, ids=[f"{n}x{k}" for n, k in HEAD_SHAPES])
 def test_real_heads_bf16_gpu(shape: tuple[int, int]) -> None:
     """Logits close to the fp32 product, (max, argmax) exactly torch.max of them, the same bits on a second call."""
     n, k = shape
     generator = torch.Generator(device="cuda").manual_seed(n + k)
-    weight = _gpu_random((n, k), generator, 0.02)
+    weight = gpu_bf16_random((n, k), generator, 0.02)
     workspace = lm_head_workspace(16, n, k, torch.bfloat16, weight.device)
     for rows in (1, 8, 16):
-        x = _gpu_random((rows, k), generator)
+        x = gpu_bf16_random((rows, k), generator)
         result = lm_head_argmax(x, weight, workspace=workspace)
         expected = x.float() @ weight.float().T
         assert_close_scaled(result.logits, expected.double(), torch.bfloat16, f"{shape} rows={rows}")
@@ -249,11 +245,11 @@ def test_pdl_and_cuda_graph_gpu(shape: tuple[int, int]) -> None:
     be back at 0 after every replay), with new inputs copied in before each."""
     n, k = shape
     generator = torch.Generator(device="cuda").manual_seed(n - k)
-    weight = _gpu_random((n, k), generator, 0.02)
+    weight = gpu_bf16_random((n, k), generator, 0.02)
     rows = 8
     workspace = lm_head_workspace(rows, n, k, torch.bfloat16, weight.device)
     pdl = pdl_unsupported(weight.device) is None
-    x = _gpu_random((rows, k), generator)
+    x = gpu_bf16_random((rows, k), generator)
     plain = [t.clone() for t in lm_head_argmax(x, weight, workspace=workspace)]
     if pdl:
         with_pdl = lm_head_argmax(x, weight, workspace=workspace, pdl=True)
@@ -270,7 +266,7 @@ def test_pdl_and_cuda_graph_gpu(shape: tuple[int, int]) -> None:
     with torch.cuda.graph(graph):
         lm_head_argmax(x, weight, workspace=workspace, pdl=pdl, **outputs)
     for _ in range(20):
-        x.copy_(_gpu_random((rows, k), generator))
+        x.copy_(gpu_bf16_random((rows, k), generator))
         graph.replay()
         eager = lm_head_argmax(x, weight, workspace=workspace)
         for name, expected in zip(("logits_out", "row_max_out", "row_argmax_out"), eager, strict=True):

@@ -3,14 +3,13 @@ through Triton's interpreter in fp32 with a wall-clock timer in place of CUDA gr
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from reports.bench.kernels import lm_head_argmax as bench
+from tests.fast.kernels.reference import wall_clock_us
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
@@ -21,19 +20,12 @@ def test_needs_cuda(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert not path.exists()
 
 
-def _wall_clock(call: Callable[[int], object], calls: int) -> list[float]:
-    started = time.perf_counter()
-    for i in range(calls):
-        call(i)
-    return [(time.perf_counter() - started) * 1e6 / calls]
-
-
 @pytest.mark.interpreter
 def test_one_head_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench, "MIN_CALLS", 1)
     copy_gbps = 2.0
     timings, checks = bench.bench_head(
-        "tiny", 48, 24, (1, 3), copy_gbps, 1, torch.float32, torch.device("cpu"), _wall_clock
+        "tiny", 48, 24, (1, 3), copy_gbps, 1, torch.float32, torch.device("cpu"), wall_clock_us
     )
     assert [(t.m, t.variant) for t in timings] == [(m, v) for m in (1, 3) for v in bench.VARIANTS]
     weight_bytes = 48 * 24 * 4
