@@ -27,15 +27,18 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from fast.logits import StepLogits
 from spec.errors import ConfigError
 
 # Captures cost start-up time and graph-pool memory per size; past this many rows a decode step is
 # long enough that launching its kernels one by one costs little.
 MAX_GRAPH_BATCH = 512
 
-# forward(batch_size, context) -> logits [batch_size, vocab]: the decode forward over the first
+# forward(batch_size, context) -> StepLogits of batch_size rows: the decode forward over the first
 # batch_size rows of the persistent input buffers, the decode attention launched for keys up to context.
-DecodeForward = Callable[[int, int], torch.Tensor]
+# The graph's static outputs are the tensors it returns at capture: the logits and, where the LM head
+# computed them, each row's max and argmax (StepLogits.head_max), all rewritten by every replay.
+DecodeForward = Callable[[int, int], StepLogits]
 # contexts(batch_size) -> the decode contexts to capture a graph for at that size.
 DecodeContexts = Callable[[int], Sequence[int]]
 
@@ -61,7 +64,7 @@ class DecodeGraphs:
         self.sizes = graph_batch_sizes(max_batch)
         self.query_len = query_len
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # by (batch size, context)
-        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self._outputs: dict[tuple[int, int], StepLogits] = {}
 
     @property
     def max_batch(self) -> int:
@@ -100,8 +103,8 @@ class DecodeGraphs:
         self._graphs.clear()
         self._outputs.clear()
 
-    def replay(self, size: int, context: int) -> torch.Tensor:
-        """Logits [size, vocab] of the captured step, computed from the inputs' current contents."""
+    def replay(self, size: int, context: int) -> StepLogits:
+        """The captured step's StepLogits (logits [size, vocab]), computed from the inputs' current contents."""
         self._graphs[size, context].replay()
         return self._outputs[size, context]
 

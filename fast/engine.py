@@ -404,12 +404,13 @@ class FastEngine(ScheduledEngine):
                 self._set_sampler_rows(sampling)
         self.step_timings.prepare_s += time.perf_counter() - started
         num_shared = len(sampling) if share and self.tensor_parallel is not None else 0
-        logits = sample_logits = self.runner.launch(prepared, num_shared)
-        if scored:  # the sampling rows among the scored ones
-            sample_logits = logits[self._logit_rows.upload([row for row, _ in sampling])]
+        step = sampled_step = self.runner.launch(prepared, num_shared)
+        if scored:  # the sampling rows among the scored ones (the head's row max and argmax with them)
+            sampled_step = step.rows(self._logit_rows.upload([row for row, _ in sampling]))
+        logits, sample_logits = step.logits, sampled_step.logits
         if not sampling:
             return _LaunchedStep(plan, logits, sample_logits, sampling, scored, None, None)
-        tokens = self.sampler.sample(sample_logits)
+        tokens = self.sampler.sample(sample_logits, sampled_step.head_max)
         if num_shared:
             self.runner.share_tokens(tokens)
         return _LaunchedStep(plan, logits, sample_logits, sampling, scored, tokens, self._readback.copy(tokens))

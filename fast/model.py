@@ -13,6 +13,7 @@ One forward pass over a flattened batch of T tokens (prefill chunks and decode t
                 hidden = attn @ W_o^T;  x, residual = add_rmsnorm(hidden, residual)
                 hidden = silu_and_mul(x @ W_gate_up^T) @ W_down^T
     logits [R, vocab] fp32 = final_norm(hidden + residual)[logit rows] @ W_lm_head^T
+    (and, where the head is fast.kernels.lm_head_argmax, each row's max and argmax: fast.logits.StepLogits)
 
 With small_batch_gemv, one rank and a hidden size of at most ADD_NORM_FUSION_MAX_HIDDEN, a step of at most
 SMALL_BATCH_ROWS rows runs o_proj and the next add_rmsnorm,
@@ -27,7 +28,12 @@ Which kernel multiplies (decided once, at construction; then per call from shape
     - small_batch_gemv (the runner turns it on for CUDA, never with batch_invariant): the four
       projections (qkv, o_proj, gate_up, down) of a step with T <= SMALL_BATCH_ROWS rows through
       fast.kernels.gemv.small_batch_linear, larger steps through torch's linear (cuBLAS). The LM
-      head stays on torch's linear (its vocabulary shape was not measured; see SMALL_BATCH_ROWS).
+      head of a step of <= SMALL_BATCH_ROWS logit rows, with one rank, a contiguous head weight and
+      HEAD_WITH_ROW_MAX on, through fast.kernels.lm_head_argmax: the same GEMV tiles writing fp32
+      logits, and each row's max and first argmax (torch.max's) reduced in the same launch, which the
+      sampler takes instead of its own pass over the logits (StepLogits.head_max). Other heads, and
+      every head under tensor parallelism (the vocabulary is split across ranks), through torch's
+      linear, the logits then cast to fp32, head_max None.
     - otherwise torch's linear everywhere (the default on the CPU, where Triton only interprets).
 The choice reads x.shape[0] and the weight's layout, never a tensor's values, so it needs no host
 sync and is fixed inside a captured CUDA graph (each graph has one static batch size).
@@ -53,10 +59,12 @@ from torch.nn import functional
 from fast.attention import StepAttention
 from fast.kernels.add_rmsnorm import add_rmsnorm, rmsnorm
 from fast.kernels.gemv import MAX_GEMV_ROWS, gemv_counter, linear_add_rmsnorm, small_batch_linear
+from fast.kernels.lm_head_argmax import lm_head_argmax, lm_head_workspace
 from fast.kernels.matmul import invariant_linear, matmul_counters
 from fast.kernels.qk_norm_rope import qk_norm_rope_store_kv_
 from fast.kernels.silu_and_mul import silu_and_mul
 from fast.kv_cache import KVCache
+from fast.logits import RowMax, StepLogits
 from fast.parallel import ATTENTION_REGION, MLP_REGION, Collectives
 from fast.weights import LayerWeights, ModelWeights, ShardLayout
 from spec.model_config import ModelConfig
@@ -82,6 +90,13 @@ SMALL_BATCH_ROWS = MAX_GEMV_ROWS
 # step, 5.075 against 4.774 ms without it (reports/results/bench/landing_ab_session13/), and taking the row in
 # 1024-column passes (72 registers a thread instead of 128) made it 1% slower still.
 ADD_NORM_FUSION_MAX_HIDDEN = 1024
+
+# With small_batch_gemv and one rank, the LM head of a step of at most SMALL_BATCH_ROWS logit rows runs as
+# fast.kernels.lm_head_argmax (fp32 logits and each row's max and argmax in one launch) instead of cuBLAS, a cast
+# to fp32 and the sampler's max pass. Off: the head as before. Not yet measured in the engine on a GPU
+# (reports/bench/kernels/lm_head_argmax.py times the kernel alone; an earlier attempt, record lost, found it
+# faster than the three launches it replaces at both Qwen3 heads).
+HEAD_WITH_ROW_MAX = True
 
 
 def small_batch_dispatch_linear(
@@ -143,9 +158,17 @@ class FastCausalLM:
             self.linear = functools.partial(small_batch_dispatch_linear, pdl=pdl)
         else:
             self.linear = functional.linear
-        # The LM head never takes the GEMV: its vocabulary shapes (N=151936 by K=1024 at Qwen3-0.6B,
-        # K=4096 at 8B; 0.3-1.2 GB in bf16) were not in gemv_bench.json, so it keeps cuBLAS until
-        # a measurement says the GEMV is faster there.
+        # The head of a decode-sized step through lm_head_argmax (see HEAD_WITH_ROW_MAX), with its workspace made
+        # once here (sized for SMALL_BATCH_ROWS rows; its calls follow one another on the stream, so they share
+        # it). None: every head through head_linear. A sharded head gives only this rank's vocabulary columns,
+        # whose max is not the row's, so tensor parallelism keeps head_linear.
+        head = weights.lm_head
+        takes_argmax_head = HEAD_WITH_ROW_MAX and small_batch_gemv and collectives is None and head.is_contiguous()
+        self.head_workspace = (
+            lm_head_workspace(SMALL_BATCH_ROWS, head.shape[0], head.shape[1], head.dtype, device)
+            if takes_argmax_head
+            else None
+        )
         self.head_linear = functools.partial(invariant_linear, pdl=pdl) if batch_invariant else functional.linear
         self.weights = weights
         self.eps = float(config.rms_norm_eps)
@@ -169,8 +192,9 @@ class FastCausalLM:
         attention: StepAttention,
         cache: KVCache,
         logit_indices: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """fp32 logits [R, vocab] for the rows in logit_indices (all rows when None).
+    ) -> StepLogits:
+        """fp32 logits [R, vocab] for the rows in logit_indices (all rows when None), with their RowMax where the
+        head computed it (see the module docstring).
 
         token_ids, positions, slots: int64 [T]; slots < 0 are padding rows (nothing stored).
         """
@@ -192,10 +216,20 @@ class FastCausalLM:
         if logit_indices is not None:
             hidden, residual = hidden[logit_indices], residual[logit_indices]
         normed, _ = add_rmsnorm(hidden, residual, self.weights.final_norm, self.eps, pdl=self.pdl)
+        return self._head(normed)
+
+    def _head(self, normed: torch.Tensor) -> StepLogits:
+        """The LM head over the final normed rows: lm_head_argmax for a decode-sized step where it is on, else
+        head_linear (gathered across ranks under tensor parallelism) and a cast to fp32."""
+        if self.head_workspace is not None and normed.shape[0] <= SMALL_BATCH_ROWS:
+            logits, row_max, row_argmax = lm_head_argmax(
+                normed, self.weights.lm_head, workspace=self.head_workspace, pdl=self.pdl
+            )
+            return StepLogits(logits, RowMax(row_max, row_argmax))
         logits = self.head_linear(normed, self.weights.lm_head)
         if self.collectives is not None:
             logits = self.collectives.gather_vocab(logits)
-        return logits.to(torch.float32)
+        return StepLogits(logits.to(torch.float32))
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.collectives is None:

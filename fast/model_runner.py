@@ -1,7 +1,9 @@
 """Owns the fast model on its device: weights, KV pool, input buffers, attention, CUDA graphs.
 
 `run(sequences)` computes one step's logits, only for the rows that sample (and the prompt rows
-whose logprobs were asked for): eagerly for mixed steps, from a captured graph for decode steps.
+whose logprobs were asked for): eagerly for mixed steps, from a captured graph for decode steps. They
+come as fast.logits.StepLogits: the fp32 rows, and each row's max and argmax where the LM head computed
+them (fast.model.HEAD_WITH_ROW_MAX), for the sampler.
 
 On a GPU with `EngineConfig.num_blocks` None, the KV pool is sized from free memory: a warm-up
 forward of a full token budget (max_num_batched_tokens in one chunk) measures the activation
@@ -33,6 +35,7 @@ from fast.cuda_graphs import DecodeGraphs
 from fast.input_batch import InputBatch, SequenceInput, StepShape
 from fast.kernels.pdl import resolve_pdl
 from fast.kv_cache import KVCache
+from fast.logits import StepLogits
 from fast.model import SMALL_BATCH_ROWS, FastCausalLM
 from fast.parallel import Collectives, ProcessGroups, StepChannel, StepCommand, StepHeader, TensorParallelError
 from fast.sharded_loading import WeightSource
@@ -299,8 +302,8 @@ class ModelRunner:
     # -- one step ------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, sequences: list[SequenceInput]) -> torch.Tensor:
-        """fp32 logits [R, vocab]: the sequences' logit rows, in order."""
+    def run(self, sequences: list[SequenceInput]) -> StepLogits:
+        """The sequences' logit rows, in order: fp32 logits [R, vocab] and, where the head computed it, their RowMax."""
         return self.launch(self.prepare(sequences))
 
     def prepare(self, sequences: list[SequenceInput]) -> PreparedStep:
@@ -308,7 +311,7 @@ class ModelRunner:
         the inputs may be completed on the device (InputBatch.set_pending_tokens)."""
         return load_step(self.inputs, sequences, self.graphs, self.verify_graphs)
 
-    def launch(self, prepared: PreparedStep, num_shared: int = 0) -> torch.Tensor:
+    def launch(self, prepared: PreparedStep, num_shared: int = 0) -> StepLogits:
         """The forward pass of the step `prepare` loaded last (a graph replay for graph-sized decode steps).
         num_shared: under tensor parallelism, the number of tokens `share_tokens` will share after this
         step (the other ranks wait for them once they have run it)."""
@@ -317,18 +320,18 @@ class ModelRunner:
         if prepared.verify:
             size, query_len = prepared.graph_size, self.verify_graphs.query_len
             context = self.attention.decode_context(size, prepared.shape.max_seq_len, query_len)
-            logits = self.verify_graphs.replay(size, context)
+            step = self.verify_graphs.replay(size, context)
         elif prepared.graph_size:
-            logits = self._replay(prepared.graph_size, prepared.shape.max_seq_len)
+            step = self._replay(prepared.graph_size, prepared.shape.max_seq_len)
         else:
-            logits = self._forward(prepared.shape)
-        return logits[: prepared.num_rows]
+            step = self._forward(prepared.shape)
+        return step.rows(slice(None, prepared.num_rows))  # a padded graph's real rows, head_max's too
 
-    def _replay(self, size: int, max_seq_len: int) -> torch.Tensor:
+    def _replay(self, size: int, max_seq_len: int) -> StepLogits:
         """The decode graph of this batch size for a step whose longest sequence has max_seq_len keys."""
         return self.graphs.replay(size, self.attention.decode_context(size, max_seq_len))
 
-    def _forward(self, shape: StepShape) -> torch.Tensor:
+    def _forward(self, shape: StepShape) -> StepLogits:
         inputs = self.inputs
         return self.model.forward(
             inputs.token_ids[: shape.num_tokens],
@@ -432,7 +435,7 @@ class ModelRunner:
     def _load_padding(self, size: int) -> None:
         self.inputs.load([], pad_to=size)
 
-    def _decode_forward(self, size: int, context: int) -> torch.Tensor:
+    def _decode_forward(self, size: int, context: int) -> StepLogits:
         # A step whose longest sequence fills the context: the graph's decode launch bound is `context`.
         metadata = self._metadata(StepShape(size, size, size, 1, True, context))
         inputs = self.inputs
@@ -448,7 +451,7 @@ class ModelRunner:
     def _load_verify_padding(self, size: int) -> None:
         self.inputs.load([], pad_to=size, query_len=self.verify_graphs.query_len)
 
-    def _verify_forward(self, size: int, context: int) -> torch.Tensor:
+    def _verify_forward(self, size: int, context: int) -> StepLogits:
         """The forward of `size` padded chunks of 1 + K tokens, logits for all of their rows (the real ones
         first: InputBatch._load_padded_chunks), the decode attention launched for keys up to context (the
         prefill kernel's grid, where the decode kernel does not take the step, depends on the sizes alone)."""

@@ -3,6 +3,7 @@
     sampler = Sampler(max_num_seqs, vocab_size, device)
     sampler.set_rows(rows)               # one non-blocking host-to-device copy
     tokens = sampler.sample(logits)      # int64 [B], no host sync
+    tokens = sampler.sample(step.logits, step.head_max)   # the LM head's row max and argmax, if it made them
     chosen, top_ids, top_values = sampler.logprobs(logits, tokens, count)
 
 Every step is one of spec.sampling's batch-wide tensor functions, or a kernel that computes the
@@ -15,6 +16,8 @@ The other departures are shortcuts that give identical results, decided on the h
 * unsampleable rows (spec.sampling) are told by each row's max, folded into the tokens as their codes by a
   few elementwise ops over [B]: where a row is greedy the max comes with the argmax (torch.max, one pass),
   otherwise it is one reduction over [B, V] (torch.amax); no host sync, whatever the rows hold;
+* where the LM head computed each row's max and argmax (fast.logits.RowMax, fast.kernels.lm_head_argmax:
+  torch.max of the same logits, bit for bit), those are taken instead of that pass;
 * a filter no row uses is skipped (top-k off keeps every token since all are >= the smallest, no scaled logit of a
   sampleable row being NaN; top_p == 1 and min_p == 0 keep every token by the spec's rules);
 * top-k reads the k-th largest value from `torch.topk` over the largest k any row asks for, not
@@ -36,6 +39,7 @@ import numpy as np
 import torch
 
 from fast.kernels.gumbel_sample import chunk_count, gumbel_sample
+from fast.logits import RowMax
 from spec.sampling import (
     FMIX32_MULTIPLIER_1,
     FMIX32_MULTIPLIER_2,
@@ -242,20 +246,38 @@ class Sampler:
         keep = self._filter_mask(scale_logits(logits, self._tensors.temperature))
         return torch.where(self._tensors.is_greedy[:, None], greedy_one_hot(logits), keep)
 
-    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, head_max: RowMax | None = None) -> torch.Tensor:
         """int64 [B]: one token per row of fp32 logits [B, V]; an unsampleable row's code
-        (spec.sampling.UNSAMPLEABLE_*) in place of its token, as spec.sampling.sample_tokens."""
+        (spec.sampling.UNSAMPLEABLE_*) in place of its token, as spec.sampling.sample_tokens.
+
+        head_max: torch.max(logits, dim=-1) of these very logits, where the LM head computed it
+        (fast.logits.StepLogits.head_max); taken instead of the sampler's own pass over [B, V]. Whoever
+        edits the logits after the head must not pass it."""
         logits = self._check_logits(logits)
+        if head_max is not None:
+            self._check_head_max(head_max)
         if self._tensors is None:
-            maxima, argmax = _max_and_argmax(logits)
+            maxima, argmax = _max_and_argmax(logits) if head_max is None else head_max
             return with_unsampleable_codes(argmax, maxima)
         tensors = self._tensors
         keep = self._filter_mask(scale_logits(logits, tensors.temperature)) if self._uses_filters else None
         sampled = self._gumbel_max(logits, tensors.temperature, self._keys, keep)
-        if not self._any_greedy:  # the one extra pass over [B, V]: a step with no greedy row has no argmax
-            return with_unsampleable_codes(sampled, row_max(logits))
-        maxima, argmax = _max_and_argmax(logits)
+        if not self._any_greedy:  # the one extra pass over [B, V], if the head gave no max: no greedy row, no argmax
+            maxima = row_max(logits) if head_max is None else head_max.values
+            return with_unsampleable_codes(sampled, maxima)
+        maxima, argmax = _max_and_argmax(logits) if head_max is None else head_max
         return with_unsampleable_codes(torch.where(tensors.is_greedy, argmax, sampled), maxima)
+
+    def _check_head_max(self, head_max: RowMax) -> None:
+        """Metadata only (no host sync): one fp32 max and one int64 index per row set last."""
+        values, indices = head_max
+        if values.shape != (self._num_rows,) or indices.shape != (self._num_rows,):
+            raise ValueError(
+                f"head_max must hold [{self._num_rows}] values and indices (the rows set last), got "
+                f"{tuple(values.shape)} and {tuple(indices.shape)}"
+            )
+        if values.dtype != torch.float32 or indices.dtype != torch.int64:
+            raise TypeError(f"head_max must be fp32 values and int64 indices, got {values.dtype} and {indices.dtype}")
 
     def _gumbel_max(
         self, logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor, keep: torch.Tensor | None

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import torch
 
+from fast.logits import RowMax, StepLogits
 from spec.engine import Engine, sampling_positions
 from spec.engine_config import DEFAULT_NUM_BLOCKS, EngineConfig
 from spec.model_config import ModelConfig
@@ -95,13 +96,22 @@ def logits_in_one_buffer(engine: Engine) -> None:
     if runner.device.type == "cuda":
         return
     buffer = torch.empty(runner.inputs.max_num_tokens, runner.model_config.vocab_size)
+    head_max_buffer = RowMax(
+        torch.empty(runner.inputs.max_num_tokens), torch.empty(runner.inputs.max_num_tokens, dtype=torch.int64)
+    )
     launch = runner.launch
 
-    def launch_into_buffer(prepared, num_shared: int = 0) -> torch.Tensor:
-        logits = launch(prepared, num_shared)
-        rows = buffer[: logits.shape[0]]
-        rows.copy_(logits)
-        return rows
+    def launch_into_buffer(prepared, num_shared: int = 0) -> StepLogits:
+        step = launch(prepared, num_shared)
+        count = step.logits.shape[0]
+        rows = buffer[:count]
+        rows.copy_(step.logits)
+        if step.head_max is None:
+            return StepLogits(rows)
+        head_max = head_max_buffer.rows(slice(None, count))
+        for persistent, computed in zip(head_max, step.head_max, strict=True):
+            persistent.copy_(computed)
+        return StepLogits(rows, head_max)
 
     runner.launch = launch_into_buffer
 
@@ -163,8 +173,14 @@ def plant_rows(
             rows_set[:] = [request for _, request in sampling]
             set_rows(sampling)
 
+        def planted_sample(logits: torch.Tensor, head_max: RowMax | None = None) -> torch.Tensor:
+            planted = plant(logits, rows_set)
+            # The head's row max and argmax are of the logits before the edit: the sampler must reduce the edited
+            # rows itself.
+            return sample(planted, head_max if planted is logits else None)
+
         engine._set_sampler_rows = recording_set_rows  # type: ignore[attr-defined]
-        engine.sampler.sample = lambda logits: sample(plant(logits, rows_set))  # type: ignore[attr-defined]
+        engine.sampler.sample = planted_sample  # type: ignore[attr-defined]
         return
     sample_rows = engine._sample  # type: ignore[attr-defined]
     engine._sample = lambda logits, requests, plan: sample_rows(plant(logits, requests), requests, plan)  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@
     gumbel_sample       gumbel_sample: spec.sampling's Gumbel-max step fused over the vocabulary
     gemv                small_batch_linear / silu_mul_linear / linear_add_rmsnorm: 1-16 row linear layers
                         (decode-sized projections on CUDA)
+    lm_head_argmax      lm_head_argmax: the LM head's GEMV with fp32 logits and each row's (max, argmax) in its epilogue
     arrival             last_to_arrive: the arrival count by which the last of a group of programs finishes
                         the group's work in the same launch (used by decode_attention, gemv, matmul)
     all_reduce_norm     all_reduce_add_rmsnorm: tensor parallelism's one-shot all-reduce (symmetric memory) fused

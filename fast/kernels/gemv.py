@@ -58,8 +58,9 @@ dtypes only, so a call can be captured in a CUDA graph.
 
 In the engine: fast/model.py (small_batch_dispatch_linear) sends the qkv, o_proj, gate_up and down
 projections of a step with at most SMALL_BATCH_ROWS (= MAX_GEMV_ROWS) rows here, on CUDA outside
-batch-invariant mode (fast.model_runner.small_batch_gemv_enabled), and everything larger, and the
-LM head (a vocabulary shape not yet measured), to cuBLAS. silu_mul_linear is not used by the engine.
+batch-invariant mode (fast.model_runner.small_batch_gemv_enabled), and everything larger to cuBLAS. The LM
+head of such a step runs this module's tile loop (gemv_tile) in fast/kernels/lm_head_argmax.py, which also
+finds each row's greedy token. silu_mul_linear is not used by the engine.
 """
 
 from __future__ import annotations
@@ -116,8 +117,45 @@ def _gemv_kernel(
     USE_PDL: tl.constexpr,
 ):
     wait_then_release(USE_PDL)  # first: see fast/kernels/pdl.py
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # weight rows = output columns
-    rows = tl.arange(0, BLOCK_M)  # rows of x (M <= BLOCK_M: one tile)
+    acc, cols, rows = gemv_tile(
+        x_ptr, w_ptr, M, N, K, x_row_stride, SILU_MUL, EVEN_K, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION
+    )  # fmt: skip
+    col_valid = cols < N
+    row_valid = rows < M
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_valid, other=0.0).to(tl.float32)[:, None]
+    # acc[n, m] -> out[m, n] at m * out_row_stride + n.
+    out_offsets = rows.to(tl.int64)[None, :] * out_row_stride + cols[:, None]
+    tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=col_valid[:, None] & row_valid[None, :])
+    if ADD_NORM:
+        _add_norm_in_last_program(
+            out_ptr, residual_ptr, norm_weight_ptr, normed_ptr, residual_out_ptr, counter_ptr, M, N, out_row_stride,
+            eps, BLOCK_HIDDEN,
+        )  # fmt: skip
+
+
+@triton.jit
+def gemv_tile(
+    x_ptr,
+    w_ptr,
+    M,
+    N,
+    K,
+    x_row_stride,
+    SILU_MUL: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """(acc, cols, rows): fp32 acc [BLOCK_N, BLOCK_M] = weight[cols, :] @ x[rows, :]^T for this program's weight rows
+    cols [BLOCK_N] (= its output columns) and rows = tl.arange(0, BLOCK_M) of x (M <= BLOCK_M: one tile). The whole
+    K loop of one program, shared by every kernel that reads a weight slab once (this module's,
+    fast/kernels/lm_head_argmax.py's); the epilogue (bias, store, fused work) is the caller's."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, BLOCK_M)
     depth = tl.arange(0, BLOCK_K)
     col_valid = cols < N
     row_valid = rows < M
@@ -161,16 +199,7 @@ def _gemv_kernel(
             acc += tl.sum(product, axis=2)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_valid, other=0.0).to(tl.float32)[:, None]
-    # acc[n, m] -> out[m, n] at m * out_row_stride + n.
-    out_offsets = rows.to(tl.int64)[None, :] * out_row_stride + cols[:, None]
-    tl.store(out_ptr + out_offsets, acc.to(out_ptr.dtype.element_ty), mask=col_valid[:, None] & row_valid[None, :])
-    if ADD_NORM:
-        _add_norm_in_last_program(
-            out_ptr, residual_ptr, norm_weight_ptr, normed_ptr, residual_out_ptr, counter_ptr, M, N, out_row_stride,
-            eps, BLOCK_HIDDEN,
-        )  # fmt: skip
+    return acc, cols, rows
 
 
 @triton.jit
@@ -262,6 +291,30 @@ def gemv_config(m: int, n: int, k: int, dtype: torch.dtype, silu_mul: bool = Fal
         block_k //= 2
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
     return GemvConfig(block_m, block_n, block_k, num_warps, num_stages, use_dot)
+
+
+Tiles = tuple[int | None, int | None, int | None, int | None, bool | None]
+
+
+def configured(config: GemvConfig, tiles: Tiles) -> GemvConfig:
+    """config with a caller's overrides: tiles = (block_n, block_k, num_warps, num_stages, use_dot), None for
+    the default (benchmarks and tests pass them), each checked."""
+    block_n, block_k, num_warps, num_stages, use_dot = tiles
+    if block_n is not None:
+        check_power_of_two("block_n", block_n, low=1, high=256)
+    if block_k is not None:
+        check_power_of_two("block_k", block_k, low=16, high=4096)
+    if num_warps is not None:
+        check_power_of_two("num_warps", num_warps, low=1, high=16)
+    if num_stages is not None and (not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1):
+        raise ValueError(f"num_stages must be a Python int >= 1, got {num_stages!r}")
+    return config._replace(
+        block_n=config.block_n if block_n is None else block_n,
+        block_k=config.block_k if block_k is None else block_k,
+        num_warps=config.num_warps if num_warps is None else num_warps,
+        num_stages=config.num_stages if num_stages is None else num_stages,
+        use_dot=config.use_dot if use_dot is None else bool(use_dot),
+    )
 
 
 def small_batch_linear(
@@ -364,20 +417,9 @@ def linear_add_rmsnorm(
     return add_norm.normed, add_norm.residual_out
 
 
-def _launch(
-    x: torch.Tensor,
-    depth: int,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    out: torch.Tensor | None,
-    silu_mul: bool,
-    tiles: tuple[int | None, int | None, int | None, int | None, bool | None],
-    pdl: bool,
-    add_norm: AddNorm | None = None,
-) -> torch.Tensor:
-    """tiles: (block_n, block_k, num_warps, num_stages, use_dot) overrides, None for the default."""
-    block_n, block_k, num_warps, num_stages, use_dot = tiles
-    name = "gate_up" if silu_mul else "x"
+def check_gemv_operands(name: str, x: torch.Tensor, depth: int, weight: torch.Tensor, what: str) -> tuple[int, int]:
+    """(M, N) of a GEMV's operands, checked: at most MAX_GEMV_ROWS rows of x (named `name`, rows dense), a
+    contiguous weight [N, depth] (`what` says where depth comes from) of x's dtype and device."""
     rows = x.shape[0]
     if rows > MAX_GEMV_ROWS:
         raise ValueError(
@@ -387,13 +429,30 @@ def _launch(
     check_tensor("weight", weight, ndim=2, dtypes=FLOAT_DTYPES)
     width = weight.shape[0]
     if weight.shape[1] != depth:
-        what = f"half of gate_up's {x.shape[1]} columns" if silu_mul else "x's last dimension"
         raise ValueError(f"weight must have shape (N, {depth}) ({what}), got {tuple(weight.shape)}")
     check_same_dtype(name, x, weight=weight)
     check_same_device(name, x, weight=weight)
     check_last_dim_contiguous(name, x)
     if not weight.is_contiguous():
         raise ValueError(f"weight must be contiguous (strides {weight.stride()} for shape {tuple(weight.shape)})")
+    return rows, width
+
+
+def _launch(
+    x: torch.Tensor,
+    depth: int,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    silu_mul: bool,
+    tiles: Tiles,
+    pdl: bool,
+    add_norm: AddNorm | None = None,
+) -> torch.Tensor:
+    """tiles: (block_n, block_k, num_warps, num_stages, use_dot) overrides, None for the default."""
+    name = "gate_up" if silu_mul else "x"
+    what = f"half of gate_up's {x.shape[1]} columns" if silu_mul else "x's last dimension"
+    rows, width = check_gemv_operands(name, x, depth, weight, what)
     if bias is not None:
         check_tensor("bias", bias, ndim=1, dtypes=FLOAT_DTYPES)
         check_shape("bias", bias, (width,))
@@ -408,22 +467,7 @@ def _launch(
     if rows == 0 or width == 0:
         return out
 
-    config = gemv_config(rows, width, depth, x.dtype, silu_mul)
-    if block_n is not None:
-        check_power_of_two("block_n", block_n, low=1, high=256)
-    if block_k is not None:
-        check_power_of_two("block_k", block_k, low=16, high=4096)
-    if num_warps is not None:
-        check_power_of_two("num_warps", num_warps, low=1, high=16)
-    if num_stages is not None and (not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1):
-        raise ValueError(f"num_stages must be a Python int >= 1, got {num_stages!r}")
-    config = config._replace(
-        block_n=config.block_n if block_n is None else block_n,
-        block_k=config.block_k if block_k is None else block_k,
-        num_warps=config.num_warps if num_warps is None else num_warps,
-        num_stages=config.num_stages if num_stages is None else num_stages,
-        use_dot=config.use_dot if use_dot is None else bool(use_dot),
-    )
+    config = configured(gemv_config(rows, width, depth, x.dtype, silu_mul), tiles)
     grid = (triton.cdiv(width, config.block_n),)
     if add_norm is not None:
         residual, norm_weight, normed, residual_out, counter = (

@@ -53,6 +53,7 @@ import torch
 from fast.cuda_graphs import DecodeGraphs
 from fast.engine import FastEngine
 from fast.input_batch import InputBatch, SequenceInput
+from fast.logits import StepLogits
 from fast.model_runner import PreparedStep, device_settings, load_step, verify_graph_batch
 from fast.sampler import Sampler
 from reports.bench.device import REPOSITORY_ROOT, git_commit, git_has_uncommitted_changes
@@ -118,7 +119,7 @@ class StubRunner:
         self._loaded: list[SequenceInput] = []  # the sequences prepare() loaded last
 
     @torch.inference_mode()
-    def run(self, sequences: list[SequenceInput]) -> torch.Tensor:
+    def run(self, sequences: list[SequenceInput]) -> StepLogits:
         return self.launch(self.prepare(sequences))
 
     def prepare(self, sequences: list[SequenceInput]) -> PreparedStep:
@@ -126,12 +127,12 @@ class StubRunner:
         self._loaded = sequences
         return load_step(self.inputs, sequences, self.graphs, self.verify_graphs)
 
-    def launch(self, prepared: PreparedStep, num_shared: int = 0) -> torch.Tensor:
+    def launch(self, prepared: PreparedStep, num_shared: int = 0) -> StepLogits:
         """Zero logits for the step `prepare` loaded (the digest run hashes its inputs here, once any token
         loaded as pending has been filled in on the "device" by InputBatch.set_pending_tokens)."""
         if self.input_digest is not None:
             self.input_digest.add_inputs(self._filled_in(self._loaded))
-        return self._logits[: prepared.num_rows]
+        return StepLogits(self._logits[: prepared.num_rows])  # no head max: the sampler reduces the rows
 
     def _filled_in(self, sequences: list[SequenceInput]) -> list[SequenceInput]:
         filled, cursor = [], 0

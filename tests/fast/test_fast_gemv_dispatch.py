@@ -7,7 +7,9 @@ else through Triton's interpreter: tests.engines.FAST_DEVICE):
 - logits within 1e-4 of the dispatch off, for steps of 5, 3 and 1 rows, and the same greedy tokens;
 - which calls take the GEMV: the four projections of steps of <= SMALL_BATCH_ROWS rows (o_proj and down with
   the add + RMSNorm after them in the same launch, linear_add_rmsnorm, but for the last layer's down, which the
-  final norm follows), never the LM head, nothing in a larger step (spies, so removing the wiring fails a test);
+  final norm follows), the LM head of <= SMALL_BATCH_ROWS logit rows as lm_head_argmax (its row max and argmax
+  exactly torch.max of its logits; torch's linear with HEAD_WITH_ROW_MAX off), nothing in a larger step (spies,
+  so removing the wiring fails a test);
 - batch-invariant mode never takes it.
 The model's GEMV calls run with wider output tiles than the defaults (BLOCK_N=64: a few programs per
 projection instead of N/2), as the interpreter's time grows with the number of programs; the default
@@ -27,6 +29,7 @@ import fast.model
 import fast.model_runner
 from fast.engine import FastEngine
 from fast.input_batch import SequenceInput
+from fast.logits import StepLogits
 from fast.model import SMALL_BATCH_ROWS, FastCausalLM, small_batch_dispatch_linear
 from fast.model_runner import ModelRunner, small_batch_gemv_enabled
 from fast.weights import pack_weights
@@ -67,8 +70,10 @@ def gemv_forced(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def wide_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The model's GEMV calls with BLOCK_N=64 (>= every N of the tiny model's projections: 64..256)."""
+    """The model's GEMV calls with BLOCK_N=64 (>= every N of the tiny model's projections: 64..256), and the LM
+    head's (6 programs for its 384 vocabulary rows; its workspace is sized for the defaults' narrower tiles)."""
     monkeypatch.setattr(fast.model, "small_batch_linear", partial(fast.model.small_batch_linear, block_n=64))
+    monkeypatch.setattr(fast.model, "lm_head_argmax", partial(fast.model.lm_head_argmax, block_n=64))
 
 
 @pytest.fixture
@@ -88,6 +93,7 @@ def spy(wide_tiles: None, monkeypatch: pytest.MonkeyPatch) -> Calls:
     monkeypatch.setattr(fast.model, "linear_add_rmsnorm", recording("gemv+norm", fast.model.linear_add_rmsnorm))
     monkeypatch.setattr(torch.nn.functional, "linear", recording("linear", torch.nn.functional.linear))
     monkeypatch.setattr(fast.model, "invariant_linear", recording("invariant", fast.model.invariant_linear))
+    monkeypatch.setattr(fast.model, "lm_head_argmax", recording("head", fast.model.lm_head_argmax))
     return calls
 
 
@@ -112,7 +118,7 @@ def _decode(lengths: list[int], token: int = 5) -> list[SequenceInput]:
 STEP_ROWS = (5, 3, 1)
 
 
-def _steps(runner: ModelRunner) -> list[torch.Tensor]:
+def _steps(runner: ModelRunner) -> list[StepLogits]:
     """Logits of a 5-row prefill (3 prompts), a 3-row decode step over them, then a 1-row one."""
     return [
         runner.run(_prefill([1, 2, 2])),
@@ -155,8 +161,15 @@ def test_logits_match_the_dispatch_off(tiny_weights, wide_tiles: None, monkeypat
     runner = _runner(tiny_weights)
     assert runner.model.small_batch_gemv
     for rows, (got, expected) in zip(STEP_ROWS, zip(_steps(runner), baseline, strict=True), strict=True):
-        assert got.shape == expected.shape and got.shape[0] == rows
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-4, msg=lambda m, r=rows: f"{r} rows: {m}")
+        assert got.logits.shape == expected.logits.shape and got.logits.shape[0] == rows
+        torch.testing.assert_close(
+            got.logits, expected.logits, rtol=0, atol=1e-4, msg=lambda m, r=rows: f"{r} rows: {m}"
+        )
+        # The head's row max and argmax: torch.max of its own logits, bit for bit (the dispatch off has none).
+        assert expected.head_max is None and got.head_max is not None
+        maxima, argmax = torch.max(got.logits, dim=-1)
+        assert torch.equal(got.head_max.values, maxima) and torch.equal(got.head_max.indices, argmax)
+        assert torch.equal(got.head_max.indices, torch.argmax(expected.logits, dim=-1)), f"{rows} rows: argmax"
 
 
 def test_greedy_tokens_match_the_dispatch_off(tiny_weights, wide_tiles: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,10 +194,26 @@ def test_decode_sized_steps_take_the_gemv(tiny_weights, gemv_forced: None, spy: 
     runner = _runner(tiny_weights)
     spy.clear()
     runner.run([SequenceInput(list(range(rows)), 0, [0, 1], [rows - 1])])
-    # The projections through the GEMV at the step's rows, in order; the LM head (1 logit row) on torch.
+    # The projections through the GEMV at the step's rows, in order; the LM head (1 logit row) with its argmax.
     expected = zip(_gemv_kernels(runner), _projection_shapes(runner), strict=True)
     assert spy[:-1] == [(kernel, rows, shape) for kernel, shape in expected]
+    assert spy[-1] == ("head", 1, tuple(runner.model.weights.lm_head.shape))
+
+
+def test_the_head_with_row_max_can_be_turned_off(
+    tiny_weights, gemv_forced: None, spy: Calls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HEAD_WITH_ROW_MAX off: the head on torch's linear, no head max, no workspace; the same greedy rows."""
+    with_max = _runner(tiny_weights).run(_decode([0]))
+    monkeypatch.setattr(fast.model, "HEAD_WITH_ROW_MAX", False)
+    runner = _runner(tiny_weights)
+    assert runner.model.head_workspace is None
+    spy.clear()
+    without = runner.run(_decode([0]))
     assert spy[-1] == ("linear", 1, tuple(runner.model.weights.lm_head.shape))
+    assert without.head_max is None and with_max.head_max is not None
+    torch.testing.assert_close(with_max.logits, without.logits, rtol=0, atol=1e-4)
+    assert torch.equal(with_max.head_max.indices, torch.argmax(without.logits, dim=-1))
 
 
 def test_a_hidden_size_above_the_fusion_limit_keeps_the_add_norm_apart(
@@ -204,16 +233,16 @@ def test_a_hidden_size_above_the_fusion_limit_keeps_the_add_norm_apart(
     spy.clear()
     got = runner.run(_decode([0]))
     expected_calls = [("gemv", 1, shape) for shape in _projection_shapes(runner)]
-    assert spy == [*expected_calls, ("linear", 1, tuple(runner.model.weights.lm_head.shape))]
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+    assert spy == [*expected_calls, ("head", 1, tuple(runner.model.weights.lm_head.shape))]
+    torch.testing.assert_close(got.logits, expected.logits, rtol=0, atol=1e-4)
 
 
-def test_larger_steps_and_the_lm_head_stay_on_torch(tiny_weights, gemv_forced: None, spy: Calls) -> None:
+def test_larger_steps_and_their_lm_head_stay_on_torch(tiny_weights, gemv_forced: None, spy: Calls) -> None:
     runner = _runner(tiny_weights)
     rows = SMALL_BATCH_ROWS + 1
     spy.clear()
-    logits = runner.run([SequenceInput(list(range(rows)), 0, [0, 1, 2], list(range(rows)))])
-    assert logits.shape[0] == rows
+    step = runner.run([SequenceInput(list(range(rows)), 0, [0, 1, 2], list(range(rows)))])
+    assert step.logits.shape[0] == rows and step.head_max is None
     head = tuple(runner.model.weights.lm_head.shape)
     assert spy == [("linear", rows, shape) for shape in _projection_shapes(runner)] + [("linear", rows, head)]
 

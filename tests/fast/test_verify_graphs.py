@@ -17,6 +17,7 @@ import torch
 
 from fast.cuda_graphs import DecodeGraphs
 from fast.input_batch import InputBatch, SequenceInput
+from fast.logits import StepLogits
 from fast.model_runner import MAX_VERIFY_GRAPH_BATCH, ModelRunner, PreparedStep, load_step, verify_graph_batch
 from spec.engine_config import EngineConfig
 from spec.speculative import SpeculativeConfig
@@ -132,21 +133,30 @@ def _steps() -> tuple[list[SequenceInput], list[SequenceInput]]:
     return prefills, verify
 
 
+def _checked_logits(step: StepLogits) -> torch.Tensor:
+    """A copy of the step's logits, its head max (where the head computed one: on a GPU, the GEMV on) checked to
+    be torch.max of them: the padded step's rows sliced with its logits."""
+    if step.head_max is not None:
+        maxima, argmax = torch.max(step.logits, dim=-1)
+        assert torch.equal(step.head_max.values, maxima) and torch.equal(step.head_max.indices, argmax)
+    return step.logits.clone()
+
+
 @pytest.mark.parametrize("batch_invariant", [True, False], ids=["batch-invariant", "default"])
 def test_a_padded_verify_step_computes_the_unpadded_logits(tiny_weights, batch_invariant: bool) -> None:
     runner = _runner(tiny_weights, batch_invariant)
     prefills, verify = _steps()
     runner.run(prefills)
-    plain = runner.launch(load_step(runner.inputs, verify, None)).clone()
+    plain = _checked_logits(runner.launch(load_step(runner.inputs, verify, None)))
     padded_step = load_step(runner.inputs, verify, None, DecodeGraphs(4, query_len=QUERY_LEN))
     assert padded_step.verify and padded_step.graph_size == 4 and padded_step.num_rows == 7
     # Its attention: the split decode kernel over each chunk's rows, the packed prefill kernel when invariant.
     assert runner.attention.runs_decode_kernel(4, QUERY_LEN) is not batch_invariant
     # The padded forward run eagerly: what the verify graph captures.
-    results = {"padded eager": runner.launch(replace(padded_step, graph_size=0, verify=False)).clone()}
+    results = {"padded eager": _checked_logits(runner.launch(replace(padded_step, graph_size=0, verify=False)))}
     if runner.verify_graphs is not None:  # on a GPU: the captured graph, replayed
         assert runner.verify_graphs.sizes == [1, 2, 4]
-        results["verify graph"] = runner.run(verify).clone()
+        results["verify graph"] = _checked_logits(runner.run(verify))
     assert plain.shape == (7, runner.model_config.vocab_size)
     for name, logits in results.items():
         if batch_invariant:

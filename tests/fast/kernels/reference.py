@@ -7,6 +7,8 @@ kernel benchmark uses too.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -37,3 +39,17 @@ def assert_close_scaled(actual: torch.Tensor, expected: torch.Tensor, dtype: tor
 
 def poisoned_like(tensor: torch.Tensor) -> torch.Tensor:
     return torch.full_like(tensor, float("nan"))
+
+
+def gpu_bf16_random(shape: tuple[int, ...], generator: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """Normal values times `scale` on CUDA, rounded to bf16 (the GPU tests' weights and activations)."""
+    return (torch.randn(shape, device="cuda", generator=generator) * scale).to(torch.bfloat16)
+
+
+def wall_clock_us(call: Callable[[int], object], calls: int) -> list[float]:
+    """A benchmark's timer on the CPU (reports.bench.graph_timing.time_in_graph's signature): one sample, the mean
+    wall-clock microseconds of call(0) .. call(calls - 1)."""
+    started = time.perf_counter()
+    for i in range(calls):
+        call(i)
+    return [(time.perf_counter() - started) * 1e6 / calls]

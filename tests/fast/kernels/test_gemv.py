@@ -21,7 +21,7 @@ from fast.kernels.gemv import (
     small_batch_linear,
 )
 from fast.kernels.silu_and_mul import silu_and_mul
-from tests.fast.kernels.reference import DEVICE, ON_GPU, assert_close_scaled, poisoned_like
+from tests.fast.kernels.reference import DEVICE, ON_GPU, assert_close_scaled, gpu_bf16_random, poisoned_like
 from tests.fast.kernels.strategies import CPU_DTYPES, seeded_generator
 
 # Tiles smaller than the shapes below, so several programs and several K steps run, with tails.
@@ -214,19 +214,15 @@ GPU_SHAPES.append((4096, 12288))
 DOWN_SHAPES = [(1024, 3072), (4096, 12288)]
 
 
-def _gpu_random(shape: tuple[int, ...], generator: torch.Generator, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(shape, device="cuda", generator=generator) * scale).to(torch.bfloat16)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=[f"{n}x{k}" for n, k in GPU_SHAPES])
 def test_real_shapes_bf16_gpu(shape: tuple[int, int]) -> None:
     n, k = shape
     generator = torch.Generator(device="cuda").manual_seed(n + k)
-    weight = _gpu_random((n, k), generator, 0.02)
-    bias = _gpu_random((n,), generator)
+    weight = gpu_bf16_random((n, k), generator, 0.02)
+    bias = gpu_bf16_random((n,), generator)
     for rows in (1, 2, 3, 8, 13, 16):
-        x = _gpu_random((rows, k), generator)
+        x = gpu_bf16_random((rows, k), generator)
         expected = x.double() @ weight.double().T
         for use_dot in (None, False, True):
             result = small_batch_linear(x, weight, use_dot=use_dot)
@@ -242,9 +238,9 @@ def test_real_shapes_bf16_gpu(shape: tuple[int, int]) -> None:
 def test_silu_mul_real_shapes_bf16_gpu(shape: tuple[int, int]) -> None:
     n, k = shape
     generator = torch.Generator(device="cuda").manual_seed(n)
-    weight = _gpu_random((n, k), generator, 0.02)
+    weight = gpu_bf16_random((n, k), generator, 0.02)
     for rows in (1, 4, 11, 16):
-        gate_up = _gpu_random((rows, 2 * k), generator, 2.0)
+        gate_up = gpu_bf16_random((rows, 2 * k), generator, 2.0)
         activated = silu_and_mul(gate_up)
         expected = activated.double() @ weight.double().T
         default = gemv_config(rows, n, k, torch.bfloat16, silu_mul=True)
@@ -280,23 +276,23 @@ def test_linear_add_rmsnorm_real_shapes_bf16_gpu(shape: tuple[int, int]) -> None
     new inputs the same bits as eager calls; the counter left at 0."""
     n, k = shape
     generator = torch.Generator(device="cuda").manual_seed(n + k)
-    weight, norm_weight = _gpu_random((n, k), generator, 0.02), _gpu_random((n,), generator)
+    weight, norm_weight = gpu_bf16_random((n, k), generator, 0.02), gpu_bf16_random((n,), generator)
     counter = gemv_counter(torch.device("cuda"))
     for rows in (1, 2, 5, 16):
-        x, residual = _gpu_random((rows, k), generator), _gpu_random((rows, n), generator)
+        x, residual = gpu_bf16_random((rows, k), generator), gpu_bf16_random((rows, n), generator)
         normed, summed = linear_add_rmsnorm(x, weight, None, residual, norm_weight, 1e-6, counter)
         expected_normed, expected_summed = _unfused_add_norm(x, weight, None, residual, norm_weight, 1e-6)
         assert_close_scaled(summed, expected_summed.double(), torch.bfloat16, f"{shape} rows={rows}: residual")
         assert_close_scaled(normed, expected_normed.double(), torch.bfloat16, f"{shape} rows={rows}: normed")
-    x, residual = _gpu_random((1, k), generator), _gpu_random((1, n), generator)
+    x, residual = gpu_bf16_random((1, k), generator), gpu_bf16_random((1, n), generator)
     linear_add_rmsnorm(x, weight, None, residual, norm_weight, 1e-6, counter)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outputs = linear_add_rmsnorm(x, weight, None, residual, norm_weight, 1e-6, counter)
     for replay in range(20):
-        x.copy_(_gpu_random((1, k), generator))
-        residual.copy_(_gpu_random((1, n), generator))
+        x.copy_(gpu_bf16_random((1, k), generator))
+        residual.copy_(gpu_bf16_random((1, n), generator))
         graph.replay()
         eager = linear_add_rmsnorm(x, weight, None, residual, norm_weight, 1e-6, counter)
         assert all(torch.equal(a, b) for a, b in zip(outputs, eager, strict=True)), f"replay {replay}"
@@ -307,10 +303,10 @@ def test_linear_add_rmsnorm_real_shapes_bf16_gpu(shape: tuple[int, int]) -> None
 def test_cuda_graph_replay_gpu() -> None:
     """Captured once with out=; new values written into x in place are picked up on replay."""
     generator = torch.Generator(device="cuda").manual_seed(0)
-    weight = _gpu_random((4096, 1024), generator, 0.02)
-    down = _gpu_random((1024, 2048), generator, 0.02)
-    x = _gpu_random((4, 1024), generator)
-    gate_up = _gpu_random((4, 4096), generator)
+    weight = gpu_bf16_random((4096, 1024), generator, 0.02)
+    down = gpu_bf16_random((1024, 2048), generator, 0.02)
+    x = gpu_bf16_random((4, 1024), generator)
+    gate_up = gpu_bf16_random((4, 4096), generator)
     out = torch.empty((4, 4096), device="cuda", dtype=torch.bfloat16)
     down_out = torch.empty((4, 1024), device="cuda", dtype=torch.bfloat16)
     small_batch_linear(x, weight, out=out)  # compile outside the capture
@@ -321,8 +317,8 @@ def test_cuda_graph_replay_gpu() -> None:
         small_batch_linear(x, weight, out=out)
         silu_mul_linear(gate_up, down, out=down_out)
     for _ in range(2):
-        x.copy_(_gpu_random((4, 1024), generator))
-        gate_up.copy_(_gpu_random((4, 4096), generator))
+        x.copy_(gpu_bf16_random((4, 1024), generator))
+        gate_up.copy_(gpu_bf16_random((4, 4096), generator))
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, small_batch_linear(x, weight))

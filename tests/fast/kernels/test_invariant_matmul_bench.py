@@ -5,8 +5,6 @@ a wall-clock timer in place of CUDA graphs."""
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ import torch
 from fast.kernels.matmul import invariant_linear
 from reports.bench.kernels import invariant_matmul as bench
 from reports.bench.shapes import SHAPES
-from tests.fast.kernels.reference import DEVICE
+from tests.fast.kernels.reference import DEVICE, wall_clock_us
 from tests.fast.kernels.strategies import seeded_generator
 
 
@@ -52,13 +50,6 @@ def test_invariance_check_passes_and_fails() -> None:
     assert failed["cases"]["x[:40]"] and not failed["cases"]["x[:1]"]
 
 
-def _wall_clock(call: Callable[[int], object], calls: int) -> list[float]:
-    started = time.perf_counter()
-    for i in range(calls):
-        call(i)
-    return [(time.perf_counter() - started) * 1e6 / calls]
-
-
 @pytest.mark.interpreter
 def test_one_model_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     for name, value in {
@@ -77,7 +68,7 @@ def test_one_model_end_to_end_on_cpu(monkeypatch: pytest.MonkeyPatch, capsys: py
         "bad": {"block_m": 8},
     }
     shapes = [bench.Projection("tiny", "qkv", 40, 24, 2), bench.Projection("tiny", "lm_head", 48, 24, 1)]
-    results = [bench.bench_projection(p, variants, 1, torch.device("cpu"), _wall_clock) for p in shapes]
+    results = [bench.bench_projection(p, variants, 1, torch.device("cpu"), wall_clock_us) for p in shapes]
     summary = bench.summarise(results, list(variants))
 
     for name in ("default", "small"):
