@@ -28,7 +28,7 @@ Which kernel multiplies (decided once, at construction; then per call from shape
     - small_batch_gemv (the runner turns it on for CUDA, never with batch_invariant): the four
       projections (qkv, o_proj, gate_up, down) of a step with T <= SMALL_BATCH_ROWS rows through
       fast.kernels.gemv.small_batch_linear, larger steps through torch's linear (cuBLAS). The LM
-      head of a step of <= SMALL_BATCH_ROWS logit rows, with one rank, a contiguous head weight and
+      head of a step of <= HEAD_ARGMAX_MAX_ROWS logit rows, with one rank, a contiguous head weight and
       HEAD_WITH_ROW_MAX on, through fast.kernels.lm_head_argmax: the same GEMV tiles writing fp32
       logits, and each row's max and first argmax (torch.max's) reduced in the same launch, which the
       sampler takes instead of its own pass over the logits (StepLogits.head_max). Other heads, and
@@ -91,12 +91,19 @@ SMALL_BATCH_ROWS = MAX_GEMV_ROWS
 # 1024-column passes (72 registers a thread instead of 128) made it 1% slower still.
 ADD_NORM_FUSION_MAX_HIDDEN = 1024
 
-# With small_batch_gemv and one rank, the LM head of a step of at most SMALL_BATCH_ROWS logit rows runs as
+# With small_batch_gemv and one rank, the LM head of a step of at most HEAD_ARGMAX_MAX_ROWS logit rows runs as
 # fast.kernels.lm_head_argmax (fp32 logits and each row's max and argmax in one launch) instead of cuBLAS, a cast
-# to fp32 and the sampler's max pass. Off: the head as before. Not yet measured in the engine on a GPU
-# (reports/bench/kernels/lm_head_argmax.py times the kernel alone; an earlier attempt, record lost, found it
-# faster than the three launches it replaces at both Qwen3 heads).
+# to fp32 and the sampler's max pass. Off: the head as before. On one H200, bf16, per call in a CUDA graph with the
+# weight read from HBM (reports/results/kernels/lm_head_argmax/), the three launches -> lm_head_argmax, in us:
+#     Qwen3-0.6B (151936 x 1024)  M=1 88.5 -> 82.5,  2 90.2 -> 85.3,  4 91.6 -> 90.5,  8 96.2 -> 100.1, 16 103.3 -> 112.0
+#     Qwen3-8B   (151936 x 4096)  M=1 299.2 -> 287.4, 2 300.5 -> 286.7, 4 302.2 -> 292.8, 8 307.0 -> 303.9,
+#                                 16 315.0 -> 317.0
+# so it pays up to 4 rows at both heads (the last program's reduction of M rows of partials grows with M; the GEMV
+# alone is at the floor: 72.8 us against 73.2 at 0.6b). In the engine, decode-bs1 A/B alternating in one call
+# (reports/results/bench/targets_session16/, with prefill attention's PDL): 0.9718 against 0.9772 ms at qwen3-0.6b,
+# 4.467 against 4.476 at qwen3-8b.
 HEAD_WITH_ROW_MAX = True
+HEAD_ARGMAX_MAX_ROWS = 4
 
 
 def small_batch_dispatch_linear(
@@ -159,13 +166,13 @@ class FastCausalLM:
         else:
             self.linear = functional.linear
         # The head of a decode-sized step through lm_head_argmax (see HEAD_WITH_ROW_MAX), with its workspace made
-        # once here (sized for SMALL_BATCH_ROWS rows; its calls follow one another on the stream, so they share
+        # once here (sized for HEAD_ARGMAX_MAX_ROWS rows; its calls follow one another on the stream, so they share
         # it). None: every head through head_linear. A sharded head gives only this rank's vocabulary columns,
         # whose max is not the row's, so tensor parallelism keeps head_linear.
         head = weights.lm_head
         takes_argmax_head = HEAD_WITH_ROW_MAX and small_batch_gemv and collectives is None and head.is_contiguous()
         self.head_workspace = (
-            lm_head_workspace(SMALL_BATCH_ROWS, head.shape[0], head.shape[1], head.dtype, device)
+            lm_head_workspace(HEAD_ARGMAX_MAX_ROWS, head.shape[0], head.shape[1], head.dtype, device)
             if takes_argmax_head
             else None
         )
@@ -221,7 +228,7 @@ class FastCausalLM:
     def _head(self, normed: torch.Tensor) -> StepLogits:
         """The LM head over the final normed rows: lm_head_argmax for a decode-sized step where it is on, else
         head_linear (gathered across ranks under tensor parallelism) and a cast to fp32."""
-        if self.head_workspace is not None and normed.shape[0] <= SMALL_BATCH_ROWS:
+        if self.head_workspace is not None and normed.shape[0] <= HEAD_ARGMAX_MAX_ROWS:
             logits, row_max, row_argmax = lm_head_argmax(
                 normed, self.weights.lm_head, workspace=self.head_workspace, pdl=self.pdl
             )

@@ -126,8 +126,10 @@ def refuse_whole_gpu_pools(patch: pytest.MonkeyPatch) -> None:
     pool_blocks = ModelRunner._pool_blocks
 
     def checked(self: ModelRunner, requested: EngineConfig, settings: EngineConfig) -> int | None:
+        # Only a real runner measures and takes the GPU's memory; a stand-in (tests/fast/test_pool_room.py: the sizing
+        # rules on made-up room) holds nothing, and failed here in the whole suite at b9391b4.
         problem = whole_gpu_pool(requested.num_blocks, requested.gpu_memory_utilization)
-        if problem is not None:
+        if problem is not None and isinstance(self, ModelRunner):
             pytest.fail(problem)
         return pool_blocks(self, requested, settings)
 

@@ -112,9 +112,10 @@ def test_a_shared_holder_may_not_size_a_pool_from_most_of_the_gpu() -> None:
 def test_an_engine_sizing_its_pool_from_most_of_the_gpu_fails_its_test(tiny_weights) -> None:
     """refuse_whole_gpu_pools as conftest sets it for a test holding the GPU shared: the runner's pool sizing is
     checked before it runs (on the CPU, where it would size nothing, the check is the same)."""
-    from fast.model_runner import ModelRunner
+    from fast.model_runner import ModelRunner, PoolRoom
     from spec.engine_config import EngineConfig
     from tests.engines import FAST_DEVICE
+    from tests.fast.test_pool_room import pool_blocks, stand_in_runner
 
     config, state_dict = tiny_weights
     with pytest.MonkeyPatch.context() as patch:
@@ -123,3 +124,5 @@ def test_an_engine_sizing_its_pool_from_most_of_the_gpu_fails_its_test(tiny_weig
             ModelRunner(config, state_dict, EngineConfig(), torch.float32, torch.device(FAST_DEVICE))
         runner = ModelRunner(config, state_dict, EngineConfig(num_blocks=16), torch.float32, torch.device(FAST_DEVICE))
         assert runner.config.num_blocks == 16
+        # A stand-in runner (the pool sizing rules on made-up room, tests/fast/test_pool_room.py) takes no memory.
+        assert pool_blocks(stand_in_runner({True: PoolRoom(40, 100)}, []), EngineConfig(max_model_len=64)) == 40
