@@ -95,7 +95,8 @@ ADD_NORM_FUSION_MAX_HIDDEN = 1024
 # fast.kernels.lm_head_argmax (fp32 logits and each row's max and argmax in one launch) instead of cuBLAS, a cast
 # to fp32 and the sampler's max pass. Off: the head as before. On one H200, bf16, per call in a CUDA graph with the
 # weight read from HBM (reports/results/kernels/lm_head_argmax/), the three launches -> lm_head_argmax, in us:
-#     Qwen3-0.6B (151936 x 1024)  M=1 88.5 -> 82.5,  2 90.2 -> 85.3,  4 91.6 -> 90.5,  8 96.2 -> 100.1, 16 103.3 -> 112.0
+#     Qwen3-0.6B (151936 x 1024)  M=1 88.5 -> 82.5,  2 90.2 -> 85.3,  4 91.6 -> 90.5,  8 96.2 -> 100.1,
+#                                 16 103.3 -> 112.0
 #     Qwen3-8B   (151936 x 4096)  M=1 299.2 -> 287.4, 2 300.5 -> 286.7, 4 302.2 -> 292.8, 8 307.0 -> 303.9,
 #                                 16 315.0 -> 317.0
 # so it pays up to 4 rows at both heads (the last program's reduction of M rows of partials grows with M; the GEMV
